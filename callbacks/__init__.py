@@ -1,0 +1,1 @@
+"""Lightning callbacks of skiptrain, installed as ``skiptrain.callbacks``."""

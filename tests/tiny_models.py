@@ -1,0 +1,53 @@
+"""Tiny random Hugging Face causal LMs of every supported family, built from configs (no network)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    OPTConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+)
+
+FAMILIES = ("opt", "llama", "gpt2", "mistral", "qwen2")
+
+
+def tiny_config(model_type: str, num_layers: int = 6, vocab_size: int = 97) -> PretrainedConfig:
+    """A config of the given family with ``num_layers`` layers of width 32."""
+    common = {"vocab_size": vocab_size, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    llama_like = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, **common)
+    configs = {
+        "opt": lambda: OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=num_layers, num_attention_heads=4,
+                                 max_position_embeddings=256, word_embed_proj_dim=32, **common),
+        "llama": lambda: LlamaConfig(**llama_like),
+        "mistral": lambda: MistralConfig(sliding_window=None, **llama_like),
+        "qwen2": lambda: Qwen2Config(**llama_like),
+        "gpt2": lambda: GPT2Config(n_embd=32, n_layer=num_layers, n_head=4, n_positions=256, **common),
+    }
+    return configs[model_type]()
+
+
+def tiny_model(model_type: str, num_layers: int = 6, attn: str = "sdpa", seed: int = 0, **kwargs) -> PreTrainedModel:
+    """A tiny random model in eval mode, deterministic for a given seed."""
+    torch.manual_seed(seed)
+    config = tiny_config(model_type, num_layers, **kwargs)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+
+
+def left_padded_batch(
+    batch: int, prompt_length: int, continuation: int, vocab_size: int = 97, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids ``[B, P + G]`` whose rows have different prompt lengths, all ending at column ``P``."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab_size, (batch, prompt_length + continuation), generator=generator)
+    mask = torch.ones_like(ids)
+    for row in range(batch):
+        mask[row, : (row * 2) % prompt_length] = 0  # rows 0, 1, 2, ... get 0, 2, 4, ... pad columns
+    ids = ids.masked_fill(mask == 0, 0)
+    return ids, mask
