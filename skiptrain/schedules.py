@@ -149,12 +149,27 @@ class SkipSchedule:
         start = 0
         for g in range(1, len(sets) + 1):
             if g == len(sets) or sets[g] != sets[start]:
-                last = "" if g < len(sets) else "+"
-                label = f"{start}{last}" if g - 1 == start else f"{start}-{g - 1}{last}"
+                if g == len(sets):
+                    label = f"{start}+"  # the last set stands for every later index
+                else:
+                    label = str(start) if g - 1 == start else f"{start}-{g - 1}"
                 rows.append(f"| {label} | {_ranges(sets[start])} | {len(sets[start])} |")
                 start = g
         return "\n".join([f"prompt columns run {_ranges(self.prompt_layers)} ({len(self.prompt_layers)} layers)", ""]
                          + rows)
+
+    def picture(self, prompt_length: int = 4, generation_length: int | None = None) -> str:
+        """Text picture of which layer (row, top layer first) runs at which column: ``#`` runs, ``.`` skips.
+
+        Prompt columns come first, then generated indices ``0 .. generation_length - 1`` (default: the span).
+        """
+        length = self.span if generation_length is None else generation_length
+        columns = [set(self.prompt_layers)] * prompt_length + [set(s) for s in self.materialize(length)]
+        width = len(str(self.num_layers - 1))
+        rows = [f"layer {layer:>{width}} " + "".join("#" if layer in c else "." for c in columns)
+                for layer in reversed(range(self.num_layers))]
+        axis = " " * (width + 7) + "P" * prompt_length + "".join(str(g % 10) for g in range(length))
+        return "\n".join([*rows, axis])
 
     # -- serialisation ----------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -404,13 +419,14 @@ def skipdecode_for_speedup(
     warmup_layers: int = 1,
     prompt_depth: PromptDepth = "all",
     max_layers: int | None = None,
+    tolerance: float = 0.02,
 ) -> SkipDecode:
     """Pick ``min_layers``/``max_layers`` of a SkipDecode schedule for a target ideal decode speedup.
 
     Among all valid ``(min_layers, max_layers)`` pairs (``max_layers`` fixed when given), returns the one
-    whose ideal speedup over ``generation_length`` tokens (default ``decay_tokens``) is closest to the
-    target; ties go to the larger ``max_layers`` (early tokens keep more depth), then to the larger
-    ``min_layers``.
+    whose ideal speedup over ``generation_length`` tokens (default ``decay_tokens``) is within ``tolerance``
+    (relative) of the target with the largest ``max_layers`` (early tokens keep the most depth, the decay
+    is the steepest), then the closest; if no pair is within tolerance, simply the closest.
     """
     _require(target_speedup >= 1.0, "target_speedup", target_speedup, "a number >= 1")
     length = decay_tokens if generation_length is None else generation_length
@@ -421,7 +437,8 @@ def skipdecode_for_speedup(
             family = SkipDecode(min_layers=bottom, max_layers=top, warmup_layers=warmup_layers,
                                 decay_tokens=decay_tokens, prompt_depth=prompt_depth)
             speedup = family.build(num_layers).ideal_speedup(length)
-            key = (abs(speedup - target_speedup), -top, -bottom)
+            error = abs(speedup - target_speedup) / target_speedup
+            key = (error > tolerance, -top if error <= tolerance else 0, error)
             if best_key is None or key < best_key:
                 best, best_key = family, key
     if best is None or not math.isfinite(best_key[0]):
