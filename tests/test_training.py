@@ -1,0 +1,144 @@
+"""The product users run: LightningCLI recipes, in-process fit/validate/resume on tiny models."""
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from interrupt import SimulatedCrash
+
+from skiptrain.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml"))
+
+
+def recipe_configs(path: Path) -> list[str]:
+    """The ``--config`` chain for a recipe: fragments name their base recipe(s) in a ``# base:`` line."""
+    base = re.search(r"^# base: (.+)$", path.read_text(), re.MULTILINE)
+    chain = [str(ROOT / b) for b in base.group(1).split()] if base else []
+    configs = []
+    for item in [*chain, str(path)]:
+        configs += ["--config", item]
+    return configs
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
+def test_every_recipe_parses_against_the_cli(recipe):
+    cli = _parse(recipe_configs(recipe))
+    assert cli.model.schedule_family is not None
+    assert cli.datamodule.tokenizer_name == cli.model.model_name, "tokenizer is linked from the model"
+
+
+def _parse(args: list[str]):
+    """Parse and instantiate (no weights are loaded before ``configure_model``) without running."""
+    return main(args, run=False)
+
+
+def test_fragments_override_only_what_they_name():
+    cli = _parse(recipe_configs(ROOT / "recipes/fragments/opt6.7b_3x.yaml"))
+    family = cli.model.schedule_family
+    assert (family.max_layers, family.min_layers, family.decay_tokens) == (16, 4, 100)
+
+
+def test_unknown_keys_fail_at_parse_time(capsys):
+    with pytest.raises(SystemExit):
+        _parse(["--config", str(ROOT / "recipes/quickstart.yaml"), "--model.schedule.init_args.min_layer", "3"])
+    assert "min_layer" in capsys.readouterr().err
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+    files = sorted(run_dir.rglob("metrics.csv"))
+    assert files, f"no metrics.csv under {run_dir}"
+    with files[-1].open() as f:
+        return list(csv.DictReader(f))
+
+
+def tiny_args(model_dir: str, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--model.model", model_dir,
+        "--model.schedule", "SkipDecode",
+        "--model.schedule.min_layers", "2",
+        "--model.schedule.decay_tokens", "6",
+        "--model.generation.max_new_tokens", "6",
+        "--data.batch_size", "4",
+        "--data.max_eval_samples", "8",
+        "--data.max_source_tokens", "48",
+        "--data.max_target_tokens", "24",
+        "--trainer.accelerator", "cpu",
+        "--trainer.enable_model_summary", "false",
+        "--trainer.default_root_dir", str(run_dir),
+        "--trainer.logger", "CSVLogger",
+        "--trainer.logger.save_dir", str(run_dir),
+        *extra,
+    ]
+
+
+def write_summaries(path: Path) -> Path:
+    rows = [(f"The council of town {i} met on Monday and agreed a new budget for roads and schools.",
+             f"Town {i} agreed a budget.") for i in range(12)]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["article", "highlights"])
+        writer.writerows(rows)
+    return path
+
+
+@pytest.mark.parametrize("task", ["builtin", "summarisation", "text"])
+def test_fit_fast_dev_run_for_each_task_type(task, tiny_model_dir, tmp_path):
+    if task == "summarisation":
+        data = write_summaries(tmp_path / "news.csv")
+        data_args = ["--data.task", "cnn_dailymail", "--data.data_files",
+                     f"{{train: {data}, validation: {data}}}"]
+    elif task == "text":
+        text = tmp_path / "corpus.txt"
+        text.write_text("\n".join(f"Line {i} of a small corpus about the weather in town." for i in range(200)))
+        data_args = ["--data.task", "text", "--data.block_size", "32",
+                     "--data.data_files", f"{{train: {text}, validation: {text}}}"]
+    else:
+        data_args = ["--data.task", "builtin", "--data.max_train_samples", "16"]
+    cli = main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "run", *data_args,
+                                   "--model.lora", "{r: 4, alpha: 8}", "--trainer.fast_dev_run", "2")])
+    assert cli.trainer.state.finished
+    assert cli.trainer.global_step == 2
+    logged = cli.trainer.logged_metrics
+    assert torch.isfinite(logged["val/loss_skip"]) and torch.isfinite(logged["val/loss_dense"])
+    if task == "builtin":
+        assert "val/bleu" in logged
+    if task == "summarisation":
+        assert {"val/rouge1", "val/rouge2", "val/rougeL"} <= set(logged)
+
+
+@pytest.mark.parametrize("family", ["opt", "gpt2"])
+def test_full_fine_tuning_of_other_families(family, tiny_model_dir, tmp_path):
+    cli = main(["fit", *tiny_args(tiny_model_dir(family), tmp_path / "run", "--data.task", "builtin",
+                                   "--data.max_train_samples", "8", "--trainer.fast_dev_run", "1")])
+    assert cli.trainer.state.finished and cli.trainer.global_step == 1
+
+
+def test_validate_from_checkpoint_and_resume_continues_identically(tiny_model_dir, tmp_path):
+    common = ["--data.task", "builtin", "--data.max_train_samples", "8", "--model.lora", "{r: 4, alpha: 8, dropout: 0}",
+              "--model.generation.num_batches", "0", "--trainer.log_every_n_steps", "1", "--seed_everything", "3"]
+    model_dir = tiny_model_dir("llama")
+    # uninterrupted: two epochs of two steps
+    main(["fit", *tiny_args(model_dir, tmp_path / "full", *common, "--trainer.max_epochs", "2")])
+    # the same run crashing when its second epoch starts, then resumed from the first epoch's checkpoint
+    crash = '{"class_path": "interrupt.CrashAtEpoch", "init_args": {"epoch": 1}}'
+    with pytest.raises(SimulatedCrash):
+        main(["fit", *tiny_args(model_dir, tmp_path / "part", *common, "--trainer.max_epochs", "2"),
+              f"--trainer.callbacks+={crash}"])
+    (checkpoint,) = [str(p) for p in (tmp_path / "part").rglob("*.ckpt")]
+    main(["fit", *tiny_args(model_dir, tmp_path / "resumed", *common, "--trainer.max_epochs", "2"),
+          "--ckpt_path", checkpoint])
+
+    def losses(run: str) -> dict[int, float]:
+        return {int(r["step"]): float(r["train/loss"]) for r in read_metrics(tmp_path / run) if r["train/loss"]}
+
+    full, part, resumed = losses("full"), losses("part"), losses("resumed")
+    assert len(full) == 4 and set(part) | set(resumed) == set(full)
+    for step, value in {**part, **resumed}.items():
+        assert value == pytest.approx(full[step], abs=1e-6), f"step {step}"
+
+    validated = main(["validate", *tiny_args(model_dir, tmp_path / "val", *common), "--ckpt_path", checkpoint])
+    assert torch.isfinite(validated.trainer.callback_metrics["val/loss_skip"])
