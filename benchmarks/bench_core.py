@@ -8,7 +8,7 @@ Reports, for each measurement, the measured speedup (dense time / skip time) nex
 decoder-layer-FLOP speedup, for the decoder layers alone (``skip_hidden_states``) and for the whole model
 (LM head and loss included, which skipping cannot reduce).
 
-    python benchmarks/bench_core.py --out benchmarks/results/core_cpu.json
+    python benchmarks/bench_core.py --out benchmarks/results/core_cpu.json [--threads 1]
 """
 
 from __future__ import annotations
@@ -73,7 +73,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     dtype = getattr(torch, args.dtype)
     model = smollm2_shaped_model(args.attn).to(dtype)
