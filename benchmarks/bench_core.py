@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -33,6 +34,13 @@ def smollm2_shaped_model(attn: str) -> torch.nn.Module:
     )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+
+
+def machine() -> dict:
+    """CPU model, core count and torch threading: what the numbers depend on."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else ""
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def timed(fn, repeats: int, warmup: int = 1) -> float:
@@ -87,8 +95,7 @@ def main() -> None:
         "command": "python benchmarks/bench_core.py " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
         ),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": machine(),
         "model": "random Llama, SmolLM2-135M shape (30 layers, hidden 576, vocab 49152)",
         "dtype": args.dtype,
         "schedule": {"family": skip.family, "params": skip.params},

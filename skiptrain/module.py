@@ -155,7 +155,7 @@ class SkipLM(L.LightningModule):
         """Load the model here (not in ``__init__``) so sharded strategies can build it."""
         if self.model is not None:
             return
-        model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation)
+        model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation).train()
         self.schedule = self.schedule_family.build(model.config.num_hidden_layers)
         if self.lora is not None:
             targets = self.lora.target_modules or LORA_TARGETS[model.config.model_type]
@@ -233,7 +233,7 @@ class SkipLM(L.LightningModule):
         self.log("train/tokens_per_s", float(batch["attention_mask"].sum()) / seconds, on_step=True, prog_bar=True)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.log("train/lr", optimizer.param_groups[0]["lr"], on_step=True, prog_bar=True)
+        self.log("train/lr", optimizer.param_groups[0]["lr"], on_step=True)
 
     # -- evaluation ------------------------------------------------------------------------------------------------
     def _evaluate(self, batch: dict[str, Any], batch_idx: int, stage: str) -> None:
