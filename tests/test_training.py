@@ -142,3 +142,34 @@ def test_validate_from_checkpoint_and_resume_continues_identically(tiny_model_di
 
     validated = main(["validate", *tiny_args(model_dir, tmp_path / "val", *common), "--ckpt_path", checkpoint])
     assert torch.isfinite(validated.trainer.callback_metrics["val/loss_skip"])
+
+
+def test_distillation_bf16_and_activation_checkpointing(tiny_model_dir, tmp_path):
+    cli = main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "run", "--data.task", "builtin",
+                                   "--data.max_train_samples", "8", "--model.lora", "{r: 4, alpha: 8}",
+                                   "--model.distillation", "{weight: 0.5, temperature: 2.0}",
+                                   "--model.activation_checkpointing", "true", "--trainer.precision", "bf16-mixed",
+                                   "--model.generation.num_batches", "0", "--trainer.fast_dev_run", "2")])
+    assert cli.trainer.global_step == 2
+    logged = cli.trainer.logged_metrics
+    assert logged["train/kl"] > 0, "the skip-aware student differs from its dense teacher"
+    assert logged["train/loss"] > logged["train/ce"]
+    base = cli.model.model.get_base_model()
+    assert base.is_activation_checkpointing
+
+
+def test_distillation_without_lora_is_refused(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="distillation needs lora"):
+        main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "run", "--data.task", "builtin",
+                                 "--model.distillation", "{weight: 1.0}", "--trainer.fast_dev_run", "1")])
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--model.lr_schedule", "step", "lr_schedule"),
+    ("--data.task", "poetry", "poetry"),
+])
+def test_bad_values_fail_with_the_field_named(option, value, message, tiny_model_dir, tmp_path, capsys):
+    with pytest.raises((SystemExit, ValueError)) as err:
+        main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "run", "--data.task", "builtin"),
+              option, value, "--trainer.fast_dev_run", "1"])
+    assert message in str(err.value) + capsys.readouterr().err
