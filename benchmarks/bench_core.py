@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
+    parser.add_argument("--parts", default="train,decode", help="comma-separated: train, decode")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -101,51 +102,60 @@ def main() -> None:
         "schedule": {"family": skip.family, "params": skip.params},
     }
 
-    # -- training forward + backward --------------------------------------------------------------------------
-    model.train()
+    parts = set(args.parts.split(","))
     generator = torch.Generator().manual_seed(0)
-    columns = args.prompt_length + args.train_generated
-    ids = torch.randint(3, model.config.vocab_size, (args.train_batch, columns), generator=generator)
-    mask = torch.ones_like(ids)
-    ideal_train = 1 / skip.layer_flop_fraction(args.prompt_length, args.train_generated)
-    train = {"batch": args.train_batch, "prompt_length": args.prompt_length,
-             "generated_columns": args.train_generated, "ideal_layer_flop_speedup": ideal_train}
-    for scope, layers_only in (("decoder_layers", True), ("whole_model", False)):
-        seconds = {
-            name: timed(lambda s=s, lo=layers_only: train_step(model, ids, mask, s, args.prompt_length, lo),
-                        args.repeats)
-            for name, s in (("dense", dense), ("skip", skip))
+    if "train" in parts:
+        # -- training forward + backward ----------------------------------------------------------------------
+        model.train()
+        columns = args.prompt_length + args.train_generated
+        ids = torch.randint(3, model.config.vocab_size, (args.train_batch, columns), generator=generator)
+        mask = torch.ones_like(ids)
+        ideal_train = 1 / skip.layer_flop_fraction(args.prompt_length, args.train_generated)
+        train = {"batch": args.train_batch, "prompt_length": args.prompt_length,
+                 "generated_columns": args.train_generated, "ideal_layer_flop_speedup": ideal_train}
+        for scope, layers_only in (("decoder_layers", True), ("whole_model", False)):
+            seconds = {
+                name: timed(lambda s=s, lo=layers_only: train_step(model, ids, mask, s, args.prompt_length, lo),
+                            args.repeats)
+                for name, s in (("dense", dense), ("skip", skip))
+            }
+            train[scope] = {
+                "dense_tokens_per_s": ids.numel() / seconds["dense"],
+                "skip_tokens_per_s": ids.numel() / seconds["skip"],
+                "measured_speedup": seconds["dense"] / seconds["skip"],
+            }
+            train[scope]["fraction_of_ideal"] = train[scope]["measured_speedup"] / ideal_train
+            print(scope, json.dumps(train[scope]), flush=True)
+        results["train_forward_backward"] = train
+
+    if "decode" in parts:
+        # -- KV-cached decoding ---------------------------------------------------------------------------------
+        model.eval()
+        shape = (args.decode_batch, args.decode_prompt)
+        prompts = torch.randint(3, model.config.vocab_size, shape, generator=generator)
+        prompt_mask = torch.ones_like(prompts)
+        ideal_decode = skip.ideal_speedup(args.new_tokens)
+
+        def decode(schedule, new_tokens):
+            return generate(model, prompts, prompt_mask, schedule, max_new_tokens=new_tokens)
+
+        decode_results = {
+            "batch": args.decode_batch, "prompt_length": args.decode_prompt, "new_tokens": args.new_tokens,
+            "mean_layers_per_token": skip.mean_layers_per_token(args.new_tokens), "ideal_speedup": ideal_decode,
         }
-        train[scope] = {
-            "dense_tokens_per_s": ids.numel() / seconds["dense"],
-            "skip_tokens_per_s": ids.numel() / seconds["skip"],
-            "measured_speedup": seconds["dense"] / seconds["skip"],
-        }
-        train[scope]["fraction_of_ideal"] = train[scope]["measured_speedup"] / ideal_train
-        print(scope, json.dumps(train[scope]), flush=True)
-    results["train_forward_backward"] = train
-
-    # -- KV-cached decoding -------------------------------------------------------------------------------------
-    model.eval()
-    prompts = torch.randint(3, model.config.vocab_size, (args.decode_batch, args.decode_prompt), generator=generator)
-    prompt_mask = torch.ones_like(prompts)
-    ideal_decode = skip.ideal_speedup(args.new_tokens)
-
-    def decode(schedule):
-        return generate(model, prompts, prompt_mask, schedule, max_new_tokens=args.new_tokens)
-
-    seconds = {name: timed(lambda s=s: decode(s), args.repeats) for name, s in (("dense", dense), ("skip", skip))}
-    new_tokens = args.decode_batch * args.new_tokens
-    results["decode"] = {
-        "batch": args.decode_batch, "prompt_length": args.decode_prompt, "new_tokens": args.new_tokens,
-        "mean_layers_per_token": skip.mean_layers_per_token(args.new_tokens),
-        "ideal_speedup": ideal_decode,
-        "dense_tokens_per_s": new_tokens / seconds["dense"],
-        "skip_tokens_per_s": new_tokens / seconds["skip"],
-        "measured_speedup": seconds["dense"] / seconds["skip"],
-    }
-    results["decode"]["fraction_of_ideal"] = results["decode"]["measured_speedup"] / ideal_decode
-    print("decode", json.dumps(results["decode"]), flush=True)
+        # end to end includes the (dense-depth) prefill; the decode phase is that minus a 1-token generation
+        for name, s in (("dense", dense), ("skip", skip)):
+            full = timed(lambda s=s: decode(s, args.new_tokens), args.repeats)
+            prefill = timed(lambda s=s: decode(s, 1), args.repeats)
+            decode_results[f"{name}_end_to_end_tokens_per_s"] = args.decode_batch * args.new_tokens / full
+            decode_results[f"{name}_decode_phase_tokens_per_s"] = args.decode_batch * (args.new_tokens - 1) / (
+                full - prefill)
+        for phase in ("end_to_end", "decode_phase"):
+            speedup = decode_results[f"skip_{phase}_tokens_per_s"] / decode_results[f"dense_{phase}_tokens_per_s"]
+            decode_results[f"{phase}_speedup"] = speedup
+            decode_results[f"{phase}_fraction_of_ideal"] = speedup / ideal_decode
+        results["decode"] = decode_results
+        print("decode", json.dumps(decode_results), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -1,0 +1,130 @@
+"""Score one row of the E2E evidence table: quality and decode speed of a model under a decoding schedule.
+
+    python benchmarks/e2e/evaluate.py --name row5 --checkpoint runs/e2e/skipdecode2x/.../last.ckpt \
+        --decode-schedule benchmarks/e2e/schedule_skipdecode2x.yaml --out benchmarks/results/e2e/row5.json
+
+Without ``--checkpoint`` the base model (zero-shot, prompt only) is scored. Quality: greedy decoding of the
+100 test MRs (all references) with end-of-sequence stopping, multi-reference SacreBLEU and ROUGE-L
+(torchmetrics). Speed: the same prompts in batches of 8, 32 new tokens without stopping, under the
+schedule and dense, same weights; the median of three timed passes after a warm-up pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from torchmetrics.text import ROUGEScore, SacreBLEUScore
+
+import skiptrain
+from skiptrain import Dense, generate
+from skiptrain.data import SkipDataModule
+from skiptrain.module import SkipLM
+
+TEST_FILE = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
+BASE_MODEL = "smollm2-135m-instruct"
+
+
+def schedule_family(path: Path) -> skiptrain.ScheduleFamily:
+    """The schedule family of a config fragment (``model.schedule`` with ``class_path``/``init_args``)."""
+    spec = yaml.safe_load(path.read_text())["model"]["schedule"]
+    family = getattr(skiptrain, spec["class_path"].rsplit(".", 1)[-1])
+    return family(**spec.get("init_args", {}))
+
+
+def load_module(checkpoint: str | None) -> SkipLM:
+    if checkpoint is None:
+        module = SkipLM(model=BASE_MODEL, schedule=Dense())
+        module.configure_model()
+    else:
+        module = SkipLM.load_from_checkpoint(checkpoint, map_location="cpu")
+    return module.eval()
+
+
+def test_batches(tokenizer_name: str, batch_size: int) -> list[dict]:
+    data = SkipDataModule(task="e2e_nlg", tokenizer=tokenizer_name, data_files={"test": TEST_FILE},
+                          eval_batch_size=batch_size, max_source_tokens=96, max_target_tokens=64)
+    data.setup("test")
+    return list(data.test_dataloader())
+
+
+def timed(fn, repeats: int = 3) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--checkpoint", default=None)
+    parser.add_argument("--decode-schedule", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--speed-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    module = load_module(args.checkpoint)
+    model, tokenizer = module.model, module.get_tokenizer()
+    schedule = schedule_family(args.decode_schedule).build(module.schedule.num_layers)
+    dense = Dense().build(schedule.num_layers)
+    batches = test_batches(module.model_name, batch_size=8)
+
+    predictions, references, layers_run, started = [], [], [], time.perf_counter()
+    for batch in batches:
+        out = generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
+                       max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id)
+        for row, length in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True):
+            predictions.append(tokenizer.decode(row[:length], skip_special_tokens=True).strip())
+            layers_run += [len(schedule.executed_layers(g)) for g in range(length)]
+        references += batch["references"]
+    quality_seconds = time.perf_counter() - started
+
+    bleu = SacreBLEUScore()(predictions, references).item()
+    rouge_l = ROUGEScore(rouge_keys=("rougeL",))(predictions, references)["rougeL_fmeasure"].item()
+
+    def decode_all(decode_schedule):
+        for batch in batches:
+            generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], decode_schedule,
+                     max_new_tokens=args.speed_tokens)
+
+    new_tokens = sum(len(b["prompt_input_ids"]) for b in batches) * args.speed_tokens
+    seconds = {name: timed(lambda s=s: decode_all(s)) for name, s in (("schedule", schedule), ("dense", dense))}
+    result = {
+        "name": args.name,
+        "checkpoint": args.checkpoint or f"{BASE_MODEL} (no fine-tuning)",
+        "trained_schedule": {"family": module.schedule.family, "params": module.schedule.params},
+        "decode_schedule": {"family": schedule.family, "params": schedule.params},
+        "test_mrs": len(predictions),
+        "bleu": bleu,
+        "rouge_l": rouge_l,
+        "mean_layers_per_generated_token": sum(layers_run) / max(len(layers_run), 1),
+        "ideal_speedup_32_tokens": schedule.ideal_speedup(args.speed_tokens),
+        "decode_tokens_per_s": new_tokens / seconds["schedule"],
+        "dense_decode_tokens_per_s": new_tokens / seconds["dense"],
+        "measured_speedup": seconds["dense"] / seconds["schedule"],
+        "quality_decoding_seconds": quality_seconds,
+        "threads": args.threads,
+        "examples": [{"prediction": p, "references": r[:2]} for p, r in zip(predictions[:5], references[:5],
+                                                                               strict=True)],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
