@@ -1,5 +1,6 @@
 """skiptrain: skip-aware fine-tuning of causal language models."""
 
+from skiptrain.export import ExportedModel, ExportError, load_exported
 from skiptrain.forward import position_ids_from_mask, skip_forward, skip_hidden_states
 from skiptrain.generation import GenerationOutput, SamplingConfig, generate
 from skiptrain.schedules import (
@@ -17,6 +18,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Dense",
+    "ExportError",
+    "ExportedModel",
     "GenerationOutput",
     "Hierarchical",
     "SamplingConfig",
@@ -26,6 +29,7 @@ __all__ = [
     "SkipSchedule",
     "Static",
     "generate",
+    "load_exported",
     "position_ids_from_mask",
     "skip_forward",
     "skip_hidden_states",

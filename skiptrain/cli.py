@@ -1,6 +1,13 @@
-"""Command line: ``python -m skiptrain fit|validate|test|predict --config recipe.yaml`` (LightningCLI)."""
+"""Command line: ``python -m skiptrain fit|validate|test|predict|export|generate|evaluate --config recipe.yaml``.
+
+``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's; ``export``, ``generate`` and ``evaluate`` are
+methods of :class:`~skiptrain.trainer.SkipTrainer` whose typed arguments become options (``--output_dir``,
+``--prompts``, ...). ``export`` and ``generate`` need no data module: for them the ``data`` section is optional.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -8,14 +15,44 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from skiptrain.data import SkipDataModule
 from skiptrain.module import SkipLM
 from skiptrain.schedules import ScheduleFamily
+from skiptrain.trainer import SkipTrainer
+
+DATA_OPTIONAL = frozenset({"export", "generate"})
+"""Subcommands that run without a data module (``--data.*`` may still be given, e.g. by a run's config.yaml)."""
 
 
 class SkipCLI(LightningCLI):
-    """LightningCLI with the links between model and data that must agree."""
+    """LightningCLI with skiptrain's subcommands and the links between model and data that must agree."""
+
+    _building: str | None = None  # the subcommand whose parser is being built
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """LightningCLI's subcommands plus ``export``, ``generate`` and ``evaluate`` (methods of SkipTrainer)."""
+        skip = {"model", "datamodule"}
+        return {**LightningCLI.subcommands(), "export": skip, "generate": skip, "evaluate": skip}
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
+        self._building = subcommand
+        try:
+            return super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        finally:
+            self._building = None
+
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        if self._building not in DATA_OPTIONAL:
+            super().add_core_arguments_to_parser(parser)
+            return
+        # As LightningCLI, except that the data module may be left out (it is then None).
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.set_defaults({"trainer." + k: v for k, v in self.trainer_defaults.items() if k != "callbacks"})
+        parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
+        parser.add_lightning_class_args(self._datamodule_class, "data", subclass_mode=True, required=False)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # One model name drives both the weights and the tokenizer.
-        parser.link_arguments("model.model", "data.tokenizer")
+        tokenizer = "data.init_args.tokenizer" if self._building in DATA_OPTIONAL else "data.tokenizer"
+        parser.link_arguments("model.model", tokenizer)
 
 
 def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
@@ -27,6 +64,7 @@ def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
     return SkipCLI(
         SkipLM,
         SkipDataModule,
+        trainer_class=SkipTrainer,
         args=args,
         run=run,
         save_config_kwargs={"overwrite": True},

@@ -87,6 +87,7 @@ def generate(
     pad_token_id: int = 0,
     generator: torch.Generator | None = None,
     return_logits: bool = False,
+    synced: bool = False,
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` per row under ``schedule`` with a KV cache.
 
@@ -101,6 +102,9 @@ def generate(
         pad_token_id: Filler for rows that have ended.
         generator: Random generator for sampling.
         return_logits: Also return the logits of every step (for tests and scoring).
+        synced: Run all ``max_new_tokens`` steps even after every row has ended (ended rows get
+            ``pad_token_id``), so every rank calls the same layers the same number of times: ZeRO-3 and FSDP gather
+            weights inside each layer call, and a rank that stopped early would leave the others waiting.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1")
@@ -128,7 +132,7 @@ def generate(
         lengths += (~finished).long()
         finished |= torch.isin(next_ids, eos)
         tokens.append(next_ids[:, None])
-        if bool(finished.all()):
+        if not synced and bool(finished.all()):
             break
         new_ids = next_ids[:, None]  # [B, 1]
         mask = torch.cat([mask, torch.ones_like(new_ids, dtype=mask.dtype)], dim=1)

@@ -292,6 +292,7 @@ class SkipLM(L.LightningModule):
             self.model, input_ids, attention_mask, schedule or self.schedule,
             max_new_tokens=self.generation.max_new_tokens, sampling=self.generation.sampling,
             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            synced=self._trainer is not None and self.trainer.world_size > 1,  # same layer calls on every rank
         )
         return [tokenizer.decode(row[:n], skip_special_tokens=True).strip()
                 for row, n in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True)]
