@@ -1,6 +1,6 @@
 """Score one row of the E2E evidence table: quality and decode speed of a model under a decoding schedule.
 
-    python benchmarks/e2e/evaluate.py --name row5 --checkpoint runs/e2e/skipdecode2x/.../last.ckpt \
+    python benchmarks/e2e/score.py --name row5 --checkpoint runs/e2e/skipdecode2x/.../last.ckpt \
         --decode-schedule benchmarks/e2e/schedule_skipdecode2x.yaml --out benchmarks/results/e2e/row5.json
 
 Without ``--checkpoint`` the base model (zero-shot, prompt only) is scored. Quality: greedy decoding of the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +25,9 @@ import skiptrain
 from skiptrain import Dense, generate
 from skiptrain.data import SkipDataModule
 from skiptrain.module import SkipLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_core import timed  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
 
 TEST_FILE = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
 BASE_MODEL = "smollm2-135m-instruct"
@@ -51,16 +54,6 @@ def test_batches(tokenizer_name: str, batch_size: int) -> list[dict]:
                           eval_batch_size=batch_size, max_source_tokens=96, max_target_tokens=64)
     data.setup("test")
     return list(data.test_dataloader())
-
-
-def timed(fn, repeats: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
