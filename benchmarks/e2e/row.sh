@@ -3,6 +3,7 @@
 #   bash benchmarks/e2e/row.sh N        (N = 1..8)
 # Trains the model the row needs when its checkpoint is missing (benchmarks/e2e/train.sh), then scores it
 # with benchmarks/e2e/score.py into benchmarks/results/e2e/rowN.json. One core, one thread (CORE, THREADS).
+# Decode speed is per schedule, not per row: bash benchmarks/e2e/speed.sh on a quiet machine.
 set -euo pipefail
 row=$1
 case $row in

@@ -1,19 +1,18 @@
-"""Score one row of the E2E evidence table: quality and decode speed of a model under a decoding schedule.
+"""Score one row of the E2E evidence table: the quality of a model decoded under a schedule.
 
     python benchmarks/e2e/score.py --name row5 --checkpoint runs/e2e/skipdecode2x/.../last.ckpt \
         --decode-schedule benchmarks/e2e/schedule_skipdecode2x.yaml --out benchmarks/results/e2e/row5.json
 
 Without ``--checkpoint`` the base model (zero-shot, prompt only) is scored. Quality: greedy decoding of the
 100 test MRs (all references) with end-of-sequence stopping, multi-reference SacreBLEU and ROUGE-L
-(torchmetrics). Speed: the first 4 batches of 8 of the same prompts, 32 new tokens without stopping, under
-the schedule and dense, same (LoRA-merged) weights; the median of three timed passes after a warm-up pass.
+(torchmetrics). Decode speed depends on the schedule, not on the weights, and is measured apart, on a quiet
+machine, by ``speed.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -25,9 +24,6 @@ import skiptrain
 from skiptrain import Dense, generate
 from skiptrain.data import SkipDataModule
 from skiptrain.module import SkipLM
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_core import timed  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
 
 TEST_FILE = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
 BASE_MODEL = "smollm2-135m-instruct"
@@ -65,8 +61,6 @@ def main() -> None:
     parser.add_argument("--decode-schedule", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--speed-tokens", type=int, default=32)
-    parser.add_argument("--speed-batches", type=int, default=4, help="test batches of 8 timed for speed")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -75,7 +69,6 @@ def main() -> None:
     module = load_module(args.checkpoint)
     model, tokenizer = module.model, module.get_tokenizer()
     schedule = schedule_family(args.decode_schedule).build(module.schedule.num_layers)
-    dense = Dense().build(schedule.num_layers)
     batches = test_batches(module.model_name, batch_size=8)
 
     predictions, references, layers_run, started = [], [], [], time.perf_counter()
@@ -92,14 +85,6 @@ def main() -> None:
     bleu = SacreBLEUScore()(predictions, references).item()
     rouge_l = ROUGEScore(rouge_keys=("rougeL",))(predictions, references)["rougeL_fmeasure"].item()
 
-    def decode_all(decode_schedule):
-        for batch in batches[: args.speed_batches]:
-            generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], decode_schedule,
-                     max_new_tokens=args.speed_tokens)
-
-    new_tokens = sum(len(b["prompt_input_ids"]) for b in batches[: args.speed_batches]) * args.speed_tokens
-    seconds = {name: timed(lambda s=s: decode_all(s), repeats=3)
-               for name, s in (("schedule", schedule), ("dense", dense))}
     result = {
         "name": args.name,
         "checkpoint": args.checkpoint or f"{BASE_MODEL} (no fine-tuning)",
@@ -109,10 +94,6 @@ def main() -> None:
         "bleu": bleu,
         "rouge_l": rouge_l,
         "mean_layers_per_generated_token": sum(layers_run) / max(len(layers_run), 1),
-        "ideal_speedup_32_tokens": schedule.ideal_speedup(args.speed_tokens),
-        "decode_tokens_per_s": new_tokens / seconds["schedule"],
-        "dense_decode_tokens_per_s": new_tokens / seconds["dense"],
-        "measured_speedup": seconds["dense"] / seconds["schedule"],
         "quality_decoding_seconds": quality_seconds,
         "threads": args.threads,
         "examples": [{"prediction": p, "references": r[:2]} for p, r in zip(predictions[:5], references[:5],
