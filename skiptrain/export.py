@@ -26,7 +26,6 @@ import dataclasses
 import json
 import math
 import os
-import pickle
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -74,53 +73,7 @@ def producer() -> str:
         return "skiptrain unknown"
 
 
-# -- checkpoints -----------------------------------------------------------------------------------------------------
-def _load_checkpoint(ckpt_path: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
-    """Load a single-file Lightning checkpoint on the CPU (memory-mapped: tensors are read when used)."""
-    path = Path(ckpt_path)
-    if not path.exists():
-        raise ExportError(f"ckpt_path={str(path)!r}: no such file or directory")
-    if path.is_dir():
-        raise ExportError(
-            f"ckpt_path={str(path)!r} is a directory, i.e. a sharded (DeepSpeed ZeRO / FSDP) checkpoint; consolidating "
-            "sharded checkpoints is not supported yet. Consolidate it into one file first (DeepSpeed: "
-            "lightning.pytorch.utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict) and pass that file"
-        )
-    try:
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only is not False)
-    except pickle.UnpicklingError as err:
-        raise ExportError(
-            f"ckpt_path={str(path)!r} holds Python objects besides tensors and plain data, which are not unpickled by "
-            f"default; if you trust the file, pass weights_only=False (--weights_only false). {err}"
-        ) from err
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise ExportError(f"ckpt_path={str(path)!r} is not a Lightning checkpoint (it has no 'state_dict')")
-    return checkpoint
-
-
-def consolidated_state_dict(ckpt_path: str | os.PathLike, weights_only: bool | None = None) -> dict[str, torch.Tensor]:
-    """The LightningModule state dict of a checkpoint, consolidated into one dict of full tensors.
-
-    The one place that turns "a checkpoint path" into weights: a single-file Lightning checkpoint today; sharded
-    DeepSpeed (``get_fp32_state_dict_from_zero_checkpoint``) or FSDP checkpoint directories plug in here.
-
-    Args:
-        ckpt_path: The checkpoint.
-        weights_only: As Lightning's: ``None``/``True`` unpickle tensors and plain data only; ``False`` any object
-            (trusted checkpoints only).
-
-    Raises:
-        ExportError: for a missing path, a sharded checkpoint directory, or a file that is not a Lightning checkpoint.
-    """
-    return _load_checkpoint(ckpt_path, weights_only)["state_dict"]
-
-
-def checkpoint_metadata(ckpt_path: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
-    """Everything a checkpoint holds except weights and optimizer states (hyperparameters, callbacks, step)."""
-    checkpoint = _load_checkpoint(ckpt_path, weights_only)
-    return {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states", "lr_schedulers")}
-
-
+# -- runs ----------------------------------------------------------------------------------------------------------
 def find_run_file(ckpt_path: str | os.PathLike, name: str) -> Path | None:
     """A file of the run beside a checkpoint: in its folder or the log dir above it (``.../checkpoints/x.ckpt``)."""
     path = Path(ckpt_path).resolve()
@@ -635,7 +588,6 @@ __all__ = [
     "ExportedModel",
     "check_exported_weights",
     "check_tensors",
-    "consolidated_state_dict",
     "export_module",
     "load_exported",
     "read_skip_schedule",

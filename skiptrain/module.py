@@ -25,6 +25,7 @@ from skiptrain.forward import skip_hidden_states
 from skiptrain.generation import SamplingConfig, generate
 from skiptrain.models import load_causal_lm, load_tokenizer
 from skiptrain.schedules import Dense, ScheduleFamily, SkipDecode, SkipSchedule
+from skiptrain.strategies import release_process_group
 
 IGNORE_INDEX = -100
 LR_SCHEDULES = {
@@ -149,6 +150,7 @@ class SkipLM(L.LightningModule):
         # ROUGE-Lsum is left out: it needs nltk data that cannot be fetched offline.
         self.rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL")) if metric in ("rouge", "both") else None
         self.bleu = SacreBLEUScore() if metric in ("bleu", "both") else None
+        release_process_group()  # multi-process runs end their process group before the interpreter shuts down
 
     # -- model ---------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:

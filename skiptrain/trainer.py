@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
+from skiptrain.checkpoints import checkpoint_metadata, consolidate_checkpoint
 from skiptrain.data import SOURCE_PLACEHOLDER, SkipDataModule, collate, encode_prompts
 from skiptrain.export import (
     NOT_RECORDED,
@@ -34,8 +35,6 @@ from skiptrain.export import (
     ExportError,
     ExportInfo,
     check_target,
-    checkpoint_metadata,
-    consolidated_state_dict,
     export_module,
     find_run_file,
     hyperparameters_yaml,
@@ -65,7 +64,7 @@ def load_weights(module: SkipLM, ckpt_path: str | None, weights_only: bool | Non
     Args:
         module: A :class:`~skiptrain.module.SkipLM`; ``module.model_name`` may be an export directory.
         ckpt_path: A Lightning checkpoint of a fit run (refused for an export, which has its own weights).
-        weights_only: How the checkpoint is unpickled (see :func:`~skiptrain.export.consolidated_state_dict`).
+        weights_only: How the checkpoint is unpickled (see :func:`~skiptrain.checkpoints.consolidate_checkpoint`).
 
     Raises:
         ExportError: for an export combined with a checkpoint, or an unusable export or checkpoint.
@@ -84,7 +83,7 @@ def load_weights(module: SkipLM, ckpt_path: str | None, weights_only: bool | Non
                        bool(exported.record.get("trained_with_schedule")))
     module.configure_model()
     if ckpt_path:
-        module.load_state_dict(consolidated_state_dict(ckpt_path, weights_only))
+        module.load_state_dict(consolidate_checkpoint(ckpt_path, reference=module, weights_only=weights_only))
     else:
         rank_zero_warn(f"no ckpt_path: using the weights of {module.model_name!r} as loaded, not fine-tuned")
     return Weights(module.model_name, trained_with_schedule=bool(ckpt_path))

@@ -18,6 +18,7 @@ from test_training import tiny_args
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skiptrain import Dense, SkipSchedule, load_exported, skip_forward
+from skiptrain.checkpoints import CheckpointError, consolidate_checkpoint
 from skiptrain.cli import main
 from skiptrain.export import (
     CONFIG_KEY,
@@ -26,7 +27,6 @@ from skiptrain.export import (
     ExportInfo,
     check_exported_weights,
     check_tensors,
-    consolidated_state_dict,
     read_skip_schedule,
     write_export,
 )
@@ -408,17 +408,17 @@ def test_tensor_check_names_the_offending_keys(tiny_model_dir, tmp_path):
             check_exported_weights(directory)
 
 
-def test_sharded_checkpoint_directories_and_non_checkpoints_are_refused(tmp_path):
-    with pytest.raises(ExportError, match="sharded .*DeepSpeed ZeRO / FSDP.*not supported yet"):
-        consolidated_state_dict(tmp_path)
-    with pytest.raises(ExportError, match="no such file"):
-        consolidated_state_dict(tmp_path / "missing.ckpt")
+def test_non_checkpoints_are_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="neither a DeepSpeed ZeRO checkpoint.*nor a torch.distributed"):
+        consolidate_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="no such file"):
+        consolidate_checkpoint(tmp_path / "missing.ckpt")
     torch.save({"weights": torch.ones(1)}, tmp_path / "plain.pt")
-    with pytest.raises(ExportError, match="not a Lightning checkpoint"):
-        consolidated_state_dict(tmp_path / "plain.pt")
+    with pytest.raises(CheckpointError, match="not a Lightning checkpoint"):
+        consolidate_checkpoint(tmp_path / "plain.pt")
     # hyperparameters holding objects (a module built in Python): refused unless the file is trusted
     objects = {"state_dict": {"w": torch.ones(1)}, "hyper_parameters": {"schedule": SkipDecode()}}
     torch.save(objects, tmp_path / "o.ckpt")
-    with pytest.raises(ExportError, match="weights_only=False"):
-        consolidated_state_dict(tmp_path / "o.ckpt")
-    assert torch.equal(consolidated_state_dict(tmp_path / "o.ckpt", weights_only=False)["w"], torch.ones(1))
+    with pytest.raises(CheckpointError, match="weights_only=False"):
+        consolidate_checkpoint(tmp_path / "o.ckpt")
+    assert torch.equal(consolidate_checkpoint(tmp_path / "o.ckpt", weights_only=False)["w"], torch.ones(1))
