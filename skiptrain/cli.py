@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from skiptrain.data import SkipDataModule
 from skiptrain.module import SkipLM
-from skiptrain.schedules import ScheduleFamily
 from skiptrain.trainer import SkipTrainer
 
 DATA_OPTIONAL = frozenset({"export", "generate"})
@@ -60,7 +58,6 @@ def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
 
     With ``run=False`` the configuration is parsed and instantiated without running a subcommand.
     """
-    set_parsing_settings(subclasses_enabled=[ScheduleFamily])  # schedules are given by class_path
     return SkipCLI(
         SkipLM,
         SkipDataModule,

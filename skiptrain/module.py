@@ -10,6 +10,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from jsonargparse import set_parsing_settings
 from lightning.pytorch.utilities import rank_zero_info
 from peft import LoraConfig, PeftModel, get_peft_model
 from torchmetrics import MeanMetric
@@ -26,6 +27,10 @@ from skiptrain.generation import SamplingConfig, generate
 from skiptrain.models import load_causal_lm, load_tokenizer
 from skiptrain.schedules import Dense, ScheduleFamily, SkipDecode, SkipSchedule
 from skiptrain.strategies import release_process_group
+
+# Schedules are configured by class_path (``skiptrain.SkipDecode``, ...): let jsonargparse accept the families
+# wherever a SkipLM is configured, in the CLI and in ``SkipLM.load_from_checkpoint`` alike.
+set_parsing_settings(subclasses_enabled=[ScheduleFamily])
 
 IGNORE_INDEX = -100
 LR_SCHEDULES = {

@@ -12,6 +12,7 @@ import yaml
 from interrupt import SimulatedCrash
 
 from skiptrain.cli import main
+from skiptrain.module import SkipLM
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml"))
@@ -144,6 +145,9 @@ def test_validate_from_checkpoint_and_resume_continues_identically(tiny_model_di
     assert len(full) == 4 and set(part) | set(resumed) == set(full)
     for step, value in {**part, **resumed}.items():
         assert value == pytest.approx(full[step], abs=1e-6), f"step {step}"
+
+    restored = SkipLM.load_from_checkpoint(checkpoint)  # outside the CLI too: configured from its hparams
+    assert restored.schedule.family == "skipdecode" and restored.model is not None
 
     validated = main(["validate", *tiny_args(model_dir, tmp_path / "val", *common), "--ckpt_path", checkpoint])
     assert torch.isfinite(validated.trainer.callback_metrics["val/loss_skip"])
