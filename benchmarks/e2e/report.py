@@ -48,8 +48,15 @@ def training_throughput(name: str) -> tuple[float, float] | None:
         return None
     rows = list(csv.DictReader(files[-1].open()))
     rates = [float(r["train/tokens_per_s"]) for r in rows if r.get("train/tokens_per_s") and int(r["step"]) >= 10]
-    wall = (files[-1].stat().st_mtime - files[-1].parent.stat().st_ctime) / 60
+    wall = (files[-1].stat().st_mtime - (files[-1].parent / "hparams.yaml").stat().st_mtime) / 60  # fit start -> end
     return statistics.median(rates), wall
+
+
+def validation_losses(name: str) -> tuple[float, float] | None:
+    """Final dev-set loss of a run under its own schedule and dense (the same weights)."""
+    files = sorted(RUNS.glob(f"{name}/lightning_logs/version_*/metrics.csv"))
+    rows = [r for r in csv.DictReader(files[-1].open()) if r.get("val/loss_skip")] if files else []
+    return (float(rows[-1]["val/loss_skip"]), float(rows[-1]["val/loss_dense"])) if rows else None
 
 
 def main() -> None:
@@ -72,6 +79,12 @@ def main() -> None:
             f"{r['tokens_per_s']:.1f} | {r['measured_speedup']:.2f}x | "
             f"{f'{train[0]:.0f}' if train else '-'} |"
         )
+    lines += ["", "| trained run | dev loss, own schedule | dev loss, same weights dense | wall minutes |",
+              "|---|---:|---:|---:|"]
+    for name in sorted(set(TRAINED.values())):
+        losses, train = validation_losses(name), training_throughput(name)
+        if losses:
+            lines.append(f"| {name} | {losses[0]:.3f} | {losses[1]:.3f} | {train[1]:.0f} |")
     (RESULTS / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
