@@ -32,13 +32,14 @@ ROWS = {
     6: "skip-aware fine-tuned SkipDecode 3x",
     7: "skip-aware fine-tuned HSD ~2x",
     8: "row 5 + self-distillation",
+    9: "dense full fine-tuning, dense decoding",
 }
 DECODE_NAME = {
     (schedule_family(HERE / f"schedule_{name}.yaml").name,
      json.dumps(schedule_family(HERE / f"schedule_{name}.yaml").build(30).params, sort_keys=True)): name
     for name in ("dense", "skipdecode2x", "skipdecode3x", "hsd2x")
 }
-TRAINED = {2: "dense", 5: "skipdecode2x", 6: "skipdecode3x", 7: "hsd2x", 8: "skipdecode2x_distill"}
+TRAINED = {2: "dense", 5: "skipdecode2x", 6: "skipdecode3x", 7: "hsd2x", 8: "skipdecode2x_distill", 9: "dense_full"}
 
 
 def training_throughput(name: str) -> tuple[float, float] | None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce one row of the E2E evidence table (benchmarks/RESULTS.md) from a clean checkout, from the repo root:
-#   bash benchmarks/e2e/row.sh N        (N = 1..8)
+#   bash benchmarks/e2e/row.sh N        (N = 1..9)
 # Trains the model the row needs when its checkpoint is missing (benchmarks/e2e/train.sh), then scores it
 # with benchmarks/e2e/score.py into benchmarks/results/e2e/rowN.json. One core, one thread (CORE, THREADS).
 # Decode speed is per schedule, not per row: bash benchmarks/e2e/speed.sh on a quiet machine.
@@ -15,7 +15,8 @@ case $row in
   6) trained=skipdecode3x;           decode=skipdecode3x ;;
   7) trained=hsd2x;                  decode=hsd2x ;;
   8) trained=skipdecode2x_distill;   decode=skipdecode2x ;;
-  *) echo "row must be 1..8, got $row" >&2; exit 2 ;;
+  9) trained=dense_full;             decode=dense ;;   # full fine-tuning instead of LoRA, to compare with row 2
+  *) echo "row must be 1..9, got $row" >&2; exit 2 ;;
 esac
 checkpoint=()
 if [ -n "$trained" ]; then
