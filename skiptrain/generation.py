@@ -123,11 +123,12 @@ def generate(
         logits = parts.lm_head(hidden[:, -1]).float()  # [B, vocab]
         if return_logits:
             step_logits.append(logits)
-        scores = warpers(torch.cat([input_ids, *tokens], dim=1) if tokens else input_ids, logits)
+        if warpers:  # transformers' warpers take the sequence so far; greedy decoding needs none of it
+            logits = warpers(torch.cat([input_ids, *tokens], dim=1) if tokens else input_ids, logits)
         if sampling.do_sample:
-            next_ids = torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)  # [B]
+            next_ids = torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)  # [B]
         else:
-            next_ids = scores.argmax(-1)  # [B]
+            next_ids = logits.argmax(-1)  # [B]
         next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
         lengths += (~finished).long()
         finished |= torch.isin(next_ids, eos)
