@@ -74,6 +74,11 @@ class GenerationOutput:
     lengths: torch.Tensor
     logits: torch.Tensor | None = None
 
+    def texts(self, tokenizer) -> list[str]:
+        """Each row's generated text (through its end-of-sequence token), special tokens removed."""
+        return [tokenizer.decode(row[:n], skip_special_tokens=True).strip()
+                for row, n in zip(self.tokens.tolist(), self.lengths.tolist(), strict=True)]
+
 
 @torch.no_grad()
 def generate(

@@ -295,14 +295,12 @@ class SkipLM(L.LightningModule):
                       schedule: SkipSchedule | None = None) -> list[str]:
         """Generate continuations of left-padded prompts with the skip-aware front-end and decode them."""
         tokenizer = self.get_tokenizer()
-        out = generate(
+        return generate(
             self.model, input_ids, attention_mask, schedule or self.schedule,
             max_new_tokens=self.generation.max_new_tokens, sampling=self.generation.sampling,
             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
             synced=self._trainer is not None and self.trainer.world_size > 1,  # same layer calls on every rank
-        )
-        return [tokenizer.decode(row[:n], skip_special_tokens=True).strip()
-                for row, n in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True)]
+        ).texts(tokenizer)
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         predictions = self.generate_text(batch["prompt_input_ids"], batch["prompt_attention_mask"])

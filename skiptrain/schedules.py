@@ -114,12 +114,16 @@ class SkipSchedule:
         return lengths
 
     # -- derived quantities -----------------------------------------------------------------------------------
+    def layers_run(self, generation_length: int) -> int:
+        """Executed layers summed over generated indices ``0 .. generation_length - 1``."""
+        return sum(len(s) for s in self.materialize(generation_length))
+
     def mean_layers_per_token(self, generation_length: int | None = None) -> float:
         """Mean number of executed layers per generated token over ``generation_length`` tokens (default span)."""
-        sets = self.materialize(generation_length)
-        if not sets:
+        length = self.span if generation_length is None else generation_length
+        if length < 1:
             raise ScheduleError(f"generation_length={generation_length} is invalid: allowed >= 1")
-        return sum(len(s) for s in sets) / len(sets)
+        return self.layers_run(length) / length
 
     def ideal_speedup(self, generation_length: int | None = None) -> float:
         """Ideal decode speedup ``L / mean |E(g)|``: decoder-layer work only, nothing else counted."""
@@ -130,8 +134,7 @@ class SkipSchedule:
         total = prompt_length + generation_length
         if total <= 0:
             raise ScheduleError("prompt_length + generation_length must be >= 1")
-        executed = prompt_length * len(self.prompt_layers)
-        executed += sum(len(s) for s in self.materialize(generation_length)) if generation_length else 0
+        executed = prompt_length * len(self.prompt_layers) + self.layers_run(generation_length)
         return executed / (total * self.num_layers)
 
     def check_num_layers(self, num_layers: int) -> None:

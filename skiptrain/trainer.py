@@ -209,9 +209,9 @@ def complete(
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
         seconds += time.perf_counter() - started
-        for offset, (row, n) in enumerate(zip(out.tokens.tolist(), out.lengths.tolist(), strict=True)):
-            layers += sum(len(schedule.executed_layers(g)) for g in range(n))
-            text = tokenizer.decode(row[:n], skip_special_tokens=True).strip()
+        rows = zip(out.tokens.tolist(), out.lengths.tolist(), out.texts(tokenizer), strict=True)
+        for offset, (row, n, text) in enumerate(rows):
+            layers += schedule.layers_run(n)
             completions.append(Completion(prompts[start + offset], text, n, row[:n]))
     return completions, DecodeStats(sum(c.num_tokens for c in completions), seconds, layers)
 

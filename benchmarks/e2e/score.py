@@ -71,14 +71,14 @@ def main() -> None:
     schedule = schedule_family(args.decode_schedule).build(module.schedule.num_layers)
     batches = test_batches(module.model_name, batch_size=8)
 
-    predictions, references, layers_run, started = [], [], [], time.perf_counter()
+    predictions, references, layers_run, tokens, started = [], [], 0, 0, time.perf_counter()
     for batch in batches:
         out = generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
                        max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                        pad_token_id=tokenizer.pad_token_id)
-        for row, length in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True):
-            predictions.append(tokenizer.decode(row[:length], skip_special_tokens=True).strip())
-            layers_run += [len(schedule.executed_layers(g)) for g in range(length)]
+        predictions += out.texts(tokenizer)
+        layers_run += sum(schedule.layers_run(n) for n in out.lengths.tolist())
+        tokens += int(out.lengths.sum())
         references += batch["references"]
     quality_seconds = time.perf_counter() - started
 
@@ -93,7 +93,7 @@ def main() -> None:
         "test_mrs": len(predictions),
         "bleu": bleu,
         "rouge_l": rouge_l,
-        "mean_layers_per_generated_token": sum(layers_run) / max(len(layers_run), 1),
+        "mean_layers_per_generated_token": layers_run / max(tokens, 1),
         "quality_decoding_seconds": quality_seconds,
         "threads": args.threads,
         "examples": [{"prediction": p, "references": r[:2]} for p, r in zip(predictions[:5], references[:5],
