@@ -12,7 +12,8 @@ from typing import Any
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from skiptrain.data import SkipDataModule
-from skiptrain.module import SkipLM
+from skiptrain.module import SkipLM, accept_schedule_families
+from skiptrain.strategies import release_process_group
 from skiptrain.trainer import SkipTrainer
 
 DATA_OPTIONAL = frozenset({"export", "generate"})
@@ -56,8 +57,11 @@ class SkipCLI(LightningCLI):
 def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
     """Entry point of the ``skiptrain`` console script; ``args`` lets tests run the CLI in-process.
 
-    With ``run=False`` the configuration is parsed and instantiated without running a subcommand.
+    With ``run=False`` the configuration is parsed and instantiated without running a subcommand. Multi-process
+    runs end their process group when the process exits (:func:`~skiptrain.strategies.release_process_group`).
     """
+    accept_schedule_families()
+    release_process_group()
     return SkipCLI(
         SkipLM,
         SkipDataModule,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from jsonargparse import set_parsing_settings
 from lightning.pytorch.utilities import rank_zero_info
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -21,18 +22,15 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
+from skiptrain.batch import IGNORE_INDEX
 from skiptrain.families import LORA_TARGETS, decoder_parts
 from skiptrain.forward import skip_hidden_states
 from skiptrain.generation import SamplingConfig, generate
+from skiptrain.losses import distillation_kl, target_cross_entropy
 from skiptrain.models import load_causal_lm, load_tokenizer
-from skiptrain.schedules import Dense, ScheduleFamily, SkipDecode, SkipSchedule
-from skiptrain.strategies import release_process_group
+from skiptrain.schedules import Dense, ScheduleFamily, SkipSchedule, anneal_from_dense
+from skiptrain.warm_start import load_run_weights, trained_model
 
-# Schedules are configured by class_path (``skiptrain.SkipDecode``, ...): let jsonargparse accept the families
-# wherever a SkipLM is configured, in the CLI and in ``SkipLM.load_from_checkpoint`` alike.
-set_parsing_settings(subclasses_enabled=[ScheduleFamily])
-
-IGNORE_INDEX = -100
 LR_SCHEDULES = {
     "cosine": get_cosine_schedule_with_warmup,
     "linear": get_linear_schedule_with_warmup,
@@ -59,17 +57,55 @@ class LoraSettings:
     bias: Literal["none", "all", "lora_only"] = "none"
 
 
+TEACHERS = ("dense", "base")
+
+
 @dataclass
 class Distillation:
-    """Self-distillation from the dense model (with LoRA: the base with adapters disabled, at no memory cost).
+    """Distillation of the skipped path from a teacher run at full depth: a KL term added to the cross entropy.
 
     Args:
-        weight: Weight of the KL term added to the cross entropy.
+        weight: Weight of the KL term.
         temperature: Softmax temperature of teacher and student in the KL term (scaled by ``T**2``).
+        teacher: ``dense``: the weights being trained, run at full depth without gradient (the dense path
+            teaches the skipped path; self-distillation). ``base``: the base model with the LoRA adapters
+            disabled (needs ``lora``). Or the path of a checkpoint or export of an earlier (e.g. dense
+            fine-tuned) run, loaded once and frozen.
     """
 
     weight: float = 1.0
     temperature: float = 1.0
+    teacher: str = "dense"
+
+    def __post_init__(self) -> None:
+        if self.weight < 0:
+            raise ValueError(f"distillation.weight={self.weight} is invalid: allowed >= 0")
+        if self.temperature <= 0:
+            raise ValueError(f"distillation.temperature={self.temperature} is invalid: allowed > 0")
+        if self.teacher not in TEACHERS and not Path(self.teacher).exists():
+            raise ValueError(f"distillation.teacher={self.teacher!r} is invalid: allowed {list(TEACHERS)} or "
+                             "the path of an existing checkpoint or export")
+
+
+@dataclass
+class Curriculum:
+    """Train with a schedule that anneals from dense to ``model.schedule`` (see
+    :func:`~skiptrain.schedules.anneal_from_dense`); validation and export always use the target schedule.
+
+    Args:
+        fraction: Share of the training steps over which the depth of every position shrinks linearly from all
+            layers to the target's; the rest of training uses the target schedule.
+    """
+
+    fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"curriculum.fraction={self.fraction} is invalid: allowed 0 < fraction <= 1")
+
+    def progress(self, step: int, total_steps: int) -> float:
+        """Fraction of the annealing done at optimizer step ``step`` of ``total_steps``."""
+        return min(1.0, step / max(self.fraction * total_steps, 1.0))
 
 
 @dataclass
@@ -90,6 +126,14 @@ class GenerationSettings:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 
+def accept_schedule_families() -> None:
+    """Let jsonargparse configure ``schedule`` by ``class_path`` (``skiptrain.SkipDecode``, ...).
+
+    Called by the CLI and before a checkpoint's hyper-parameters are parsed (:meth:`SkipLM.load_from_checkpoint`).
+    """
+    set_parsing_settings(subclasses_enabled=[ScheduleFamily])
+
+
 class SkipLM(L.LightningModule):
     """A causal LM fine-tuned with a position-dependent layer-skip schedule applied in its forward pass.
 
@@ -97,9 +141,16 @@ class SkipLM(L.LightningModule):
         model: Hugging Face hub id, local directory, ``.gguf`` file, or a bundled short name
             (``smollm2-135m-instruct``).
         schedule: The skip schedule family and parameters (``SkipDecode``, ``Hierarchical``, ``Static``,
-            ``Dense``); the layer count comes from the loaded model.
+            ``Dense``); the layer count comes from the loaded model. There is no default: required, except
+            when ``model`` is an export directory, whose ``skip_schedule.json`` is used.
         lora: LoRA settings; ``null`` fine-tunes every weight.
-        distillation: Self-distillation from the dense model; ``null`` disables it.
+        distillation: Distillation from a teacher at full depth; ``null`` disables it.
+        dense_loss_weight: Weight of a second cross entropy computed on the dense path (all layers) of the same
+            weights, added to the scheduled one so that one model serves both depths; 0 disables it.
+        curriculum: Anneal the training schedule from dense to ``schedule``; ``null`` trains with ``schedule``
+            from the first step.
+        init_from: Checkpoint or export of an earlier run (e.g. dense fine-tuning) whose weights, LoRA merged,
+            initialise ``model`` before this run's adapters are added: the second stage of two-stage training.
         learning_rate: Peak learning rate of AdamW.
         weight_decay: AdamW weight decay.
         betas: AdamW betas.
@@ -116,6 +167,9 @@ class SkipLM(L.LightningModule):
         schedule: ScheduleFamily | None = None,
         lora: LoraSettings | None = None,
         distillation: Distillation | None = None,
+        dense_loss_weight: float = 0.0,
+        curriculum: Curriculum | None = None,
+        init_from: str | None = None,
         learning_rate: float = 2e-4,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -126,25 +180,44 @@ class SkipLM(L.LightningModule):
         generation: GenerationSettings | None = None,
     ) -> None:
         super().__init__()
+        if schedule is not None and not isinstance(schedule, ScheduleFamily):
+            raise ValueError(f"schedule={schedule!r} is invalid: allowed a schedule family (SkipDecode, "
+                             "Hierarchical, Static, Dense), e.g. schedule=SkipDecode(min_layers=..., max_layers=...)")
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule={lr_schedule!r} is invalid: allowed {sorted(LR_SCHEDULES)}")
         if learning_rate <= 0:
             raise ValueError(f"learning_rate={learning_rate} is invalid: allowed > 0")
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps={warmup_steps} is invalid: allowed >= 0")
+        if dense_loss_weight < 0:
+            raise ValueError(f"dense_loss_weight={dense_loss_weight} is invalid: allowed >= 0")
+        if init_from is not None and not Path(init_from).exists():
+            raise ValueError(f"init_from={init_from!r} is invalid: allowed the path of an existing checkpoint or "
+                             "export")
+        if distillation is not None and distillation.teacher == "base" and lora is None:
+            raise ValueError("distillation.teacher='base' needs lora: the base model with adapters disabled is the "
+                             "teacher; use teacher 'dense' or a checkpoint path for full fine-tuning")
         self.save_hyperparameters()
         self.model_name = model
-        self.schedule_family = schedule if schedule is not None else SkipDecode(min_layers=2)
+        self.schedule_family = schedule
         self.lora = lora
         self.distillation = distillation
+        self.curriculum = curriculum
         self.generation = generation if generation is not None else GenerationSettings()
         self.model: torch.nn.Module | None = None
         self.schedule: SkipSchedule | None = None
         self.tokenizer = None
+        self._teacher: tuple[torch.nn.Module, ...] = ()  # a frozen teacher run, kept out of state_dict and optimizer
         self._step_started: float | None = None
         self.val_loss = torch.nn.ModuleDict({name: MeanMetric() for name in ("skip", "dense")})
         self.rouge: ROUGEScore | None = None
         self.bleu: SacreBLEUScore | None = None
+
+    @classmethod
+    def load_from_checkpoint(cls, *args: Any, **kwargs: Any) -> SkipLM:  # type: ignore[override]
+        """As Lightning's, with schedule families accepted by ``class_path`` in the stored hyper-parameters."""
+        accept_schedule_families()
+        return super().load_from_checkpoint(*args, **kwargs)
 
     def setup(self, stage: str) -> None:
         """Create the generation metrics; ``auto`` asks the data module which its task uses."""
@@ -155,23 +228,29 @@ class SkipLM(L.LightningModule):
         # ROUGE-Lsum is left out: it needs nltk data that cannot be fetched offline.
         self.rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL")) if metric in ("rouge", "both") else None
         self.bleu = SacreBLEUScore() if metric in ("bleu", "both") else None
-        release_process_group()  # multi-process runs end their process group before the interpreter shuts down
 
     # -- model ---------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
         """Load the model here (not in ``__init__``) so sharded strategies can build it."""
         if self.model is not None:
             return
+        if self.schedule_family is None:
+            raise ValueError(f"model.schedule is required for model={self.model_name!r} (no default schedule): "
+                             "allowed SkipDecode, Hierarchical, Static or Dense, e.g. --model.schedule SkipDecode "
+                             "--model.schedule.min_layers 8; only an export directory brings its own schedule")
         model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation).train()
         self.schedule = self.schedule_family.build(model.config.num_hidden_layers)
+        if self.hparams.init_from is not None:
+            load_run_weights(model, self.hparams.init_from)
+        if self.distillation is not None and self.distillation.teacher not in TEACHERS:
+            teacher = trained_model(self.distillation.teacher, self.hparams.attn_implementation)
+            self._teacher = (teacher.eval().requires_grad_(False),)
         if self.lora is not None:
             targets = self.lora.target_modules or LORA_TARGETS[model.config.model_type]
             model = get_peft_model(model, LoraConfig(
                 r=self.lora.r, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
                 target_modules=list(targets), bias=self.lora.bias, task_type="CAUSAL_LM",
             ))
-        elif self.distillation is not None:
-            raise ValueError("distillation needs lora: the base model with adapters disabled is the teacher")
         if self.hparams.activation_checkpointing:
             base = model.get_base_model() if isinstance(model, PeftModel) else model
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -182,7 +261,7 @@ class SkipLM(L.LightningModule):
         rank_zero_info(
             f"skiptrain: {self.model_name} ({self.schedule.num_layers} layers), schedule {self.schedule.family} "
             f"{self.schedule.params}: {self.schedule.mean_layers_per_token():.2f} layers per generated token "
-            f"over its span, ideal decode speedup {self.schedule.ideal_speedup():.2f}x"
+            f"over its span of {self.schedule.span} tokens, ideal decode speedup {self.schedule.ideal_speedup():.2f}x"
         )
 
     def get_tokenizer(self):
@@ -191,45 +270,75 @@ class SkipLM(L.LightningModule):
         return self.tokenizer
 
     # -- losses --------------------------------------------------------------------------------------------------
-    def _hidden(self, batch: dict[str, Any], schedule: SkipSchedule) -> torch.Tensor:
+    def _hidden(self, batch: dict[str, Any], schedule: SkipSchedule, model: torch.nn.Module | None = None
+                ) -> torch.Tensor:
         return skip_hidden_states(
-            self.model, batch["input_ids"], batch["attention_mask"], schedule, batch["prompt_length"]
+            model or self.model, batch["input_ids"], batch["attention_mask"], schedule, batch["prompt_length"]
         )  # [B, S, H]
 
-    def _target_logits(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits at the columns that predict a labelled token, and those labels (LM head on targets only)."""
-        targets = labels[:, 1:]  # token at column c + 1 is predicted at column c
+    def target_logits(self, batch: dict[str, Any], schedule: SkipSchedule, model: torch.nn.Module | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[N, vocab]`` at the columns that predict a labelled token, and those labels ``[N]``.
+
+        The LM head runs on those columns only. ``model`` defaults to the model being trained.
+        """
+        model = model or self.model
+        targets = batch["labels"][:, 1:]  # token at column c + 1 is predicted at column c
         selected = targets != IGNORE_INDEX
-        logits = decoder_parts(self.model).lm_head(hidden[:, :-1][selected])  # [N, vocab]
-        return logits.float(), targets[selected]
+        hidden = self._hidden(batch, schedule, model)[:, :-1][selected]  # [N, H]
+        return decoder_parts(model).lm_head(hidden).float(), targets[selected]
 
-    def _loss(self, batch: dict[str, Any], schedule: SkipSchedule) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean next-token cross entropy on labelled tokens, and those tokens' logits."""
-        logits, targets = self._target_logits(self._hidden(batch, schedule), batch["labels"])
-        return F.cross_entropy(logits, targets), logits
+    def teacher_logits(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The distillation teacher's target logits: the configured teacher at full depth, without gradient."""
+        dense = Dense().build(self.schedule.num_layers)
+        if self._teacher:
+            with torch.no_grad():
+                return self.target_logits(batch, dense, self._teacher[0])[0]
+        training = self.model.training
+        adapters = self.model.disable_adapter() if self.distillation.teacher == "base" else nullcontext()
+        self.model.eval()  # no dropout in the teacher
+        try:
+            with torch.no_grad(), adapters:
+                return self.target_logits(batch, dense)[0]
+        finally:
+            self.model.train(training)
 
-    def mean_layers_per_target(self, batch: dict[str, Any]) -> float:
+    def training_schedule(self) -> SkipSchedule:
+        """The schedule of this training step: the target, or its annealed form while a curriculum runs."""
+        if self.curriculum is None or self._trainer is None:
+            return self.schedule
+        total = self.trainer.estimated_stepping_batches
+        total = int(total) if math.isfinite(total) else self.trainer.max_steps
+        return anneal_from_dense(self.schedule, self.curriculum.progress(self.trainer.global_step, total))
+
+    def mean_layers_per_target(self, batch: dict[str, Any], schedule: SkipSchedule | None = None) -> float:
         """Mean executed layers over the labelled generated tokens of a batch (what the schedule costs)."""
+        schedule = schedule or self.schedule
         positions = (batch["labels"][:, 1:] != IGNORE_INDEX).nonzero()[:, 1] + 1 - batch["prompt_length"]
-        sizes = [len(self.schedule.executed_layers(int(g))) for g in positions.clamp(min=0).tolist()]
+        sizes = [len(schedule.executed_layers(int(g))) for g in positions.clamp(min=0).tolist()]
         return sum(sizes) / max(len(sizes), 1)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        ce, logits = self._loss(batch, self.schedule)
+        schedule = self.training_schedule()
+        logits, targets = self.target_logits(batch, schedule)
+        ce = target_cross_entropy(logits, targets)
         loss = ce
+        if self.hparams.dense_loss_weight > 0:
+            dense_ce = target_cross_entropy(*self.target_logits(batch, Dense().build(schedule.num_layers)))
+            loss = loss + self.hparams.dense_loss_weight * dense_ce
+            self.log("train/ce_dense", dense_ce, on_step=True)
         if self.distillation is not None:
-            with torch.no_grad(), self.model.disable_adapter():
-                teacher, _ = self._target_logits(self._hidden(batch, Dense().build(self.schedule.num_layers)),
-                                                 batch["labels"])
-            t = self.distillation.temperature
-            kl = F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(teacher / t, -1), log_target=True,
-                          reduction="batchmean") * t**2
-            loss = ce + self.distillation.weight * kl
+            kl = distillation_kl(logits, self.teacher_logits(batch), self.distillation.temperature)
+            loss = loss + self.distillation.weight * kl
             self.log("train/kl", kl, on_step=True, prog_bar=False)
         self.log("train/loss", loss, on_step=True, prog_bar=True)
         self.log("train/ce", ce, on_step=True)
-        self.log("train/mean_layers", self.mean_layers_per_target(batch), on_step=True)
+        self.log("train/mean_layers", self.mean_layers_per_target(batch, schedule), on_step=True)
         return loss
+
+    def on_fit_start(self) -> None:
+        for teacher in self._teacher:
+            teacher.to(self.device)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._step_started = time.perf_counter()
@@ -249,7 +358,7 @@ class SkipLM(L.LightningModule):
             return
         dense = Dense().build(self.schedule.num_layers)
         for name, schedule in (("skip", self.schedule), ("dense", dense)):
-            loss, _ = self._loss(batch, schedule)
+            loss = target_cross_entropy(*self.target_logits(batch, schedule))
             self.val_loss[name].update(loss, weight)
         if self.generation.num_batches != 0 and (self.rouge or self.bleu) and "references" in batch:
             if self.generation.num_batches < 0 or batch_idx < self.generation.num_batches:

@@ -151,7 +151,7 @@ def test_fsdp_wraps_the_decoder_layer_class_of_every_family(family):
 
 
 def test_decoder_layer_classes_look_inside_a_lightning_module_with_lora(tiny_model_dir):
-    module = SkipLM(model=tiny_model_dir("opt"), lora=LoraSettings(r=2, alpha=4))
+    module = SkipLM(model=tiny_model_dir("opt"), schedule=SkipDecode(min_layers=2), lora=LoraSettings(r=2, alpha=4))
     module.configure_model()
     assert {c.__name__ for c in decoder_layer_classes(module)} == {"OPTDecoderLayer"}
     with pytest.raises(ValueError, match="no Hugging Face PreTrainedModel"):

@@ -167,10 +167,11 @@ def test_distillation_bf16_and_activation_checkpointing(tiny_model_dir, tmp_path
     assert base.is_activation_checkpointing
 
 
-def test_distillation_without_lora_is_refused(tiny_model_dir, tmp_path):
-    with pytest.raises(ValueError, match="distillation needs lora"):
+def test_base_teacher_without_lora_is_refused(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="teacher='base' needs lora"):
         main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "run", "--data.task", "builtin",
-                                 "--model.distillation", "{weight: 1.0}", "--trainer.fast_dev_run", "1")])
+                                 "--model.distillation", "{weight: 1.0, teacher: base}",
+                                 "--trainer.fast_dev_run", "1")])
 
 
 @pytest.mark.parametrize(("option", "value", "message"), [
