@@ -4,9 +4,11 @@
         --decode-schedule benchmarks/e2e/schedule_skipdecode2x.yaml --out benchmarks/results/e2e/row5.json
 
 Without ``--checkpoint`` the base model (zero-shot, prompt only) is scored. Quality: greedy decoding of the
-100 test MRs (all references) with end-of-sequence stopping, multi-reference SacreBLEU and ROUGE-L
-(torchmetrics). Decode speed depends on the schedule, not on the weights, and is measured apart, on a quiet
-machine, by ``speed.py``.
+100 test MRs (all references; ``--data`` names another E2E file, e.g. the 50-MR dev subset used to choose
+settings) with end-of-sequence stopping, multi-reference SacreBLEU and ROUGE-L (torchmetrics). Cost: the mean
+executed decoder layers over the tokens actually generated, and the ideal speedup that implies, next to the
+schedule's nominal ideal over its own span. Decode speed depends on the schedule, not on the weights, and is
+measured apart, on a quiet machine, by ``speed.py``.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import yaml
 from torchmetrics.text import ROUGEScore, SacreBLEUScore
 
 import skiptrain
-from skiptrain import Dense, generate
+from skiptrain import generate
 from skiptrain.data import SkipDataModule
-from skiptrain.module import SkipLM
+from skiptrain.models import load_causal_lm, load_tokenizer
+from skiptrain.warm_start import trained_model
 
 TEST_FILE = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
 BASE_MODEL = "smollm2-135m-instruct"
@@ -36,19 +39,13 @@ def schedule_family(path: Path) -> skiptrain.ScheduleFamily:
     return family(**spec.get("init_args", {}))
 
 
-def load_module(checkpoint: str | None) -> SkipLM:
-    if checkpoint is None:
-        module = SkipLM(model=BASE_MODEL, schedule=Dense())
-        module.configure_model()
-    else:
-        module = SkipLM.load_from_checkpoint(checkpoint, map_location="cpu")
-        if hasattr(module.model, "merge_and_unload"):
-            module.model = module.model.merge_and_unload()  # LoRA merged, as in an export
-    return module.eval()
+def load_model(checkpoint: str | None) -> torch.nn.Module:
+    """The base model, or a run's model with LoRA merged (as in an export)."""
+    return (load_causal_lm(BASE_MODEL) if checkpoint is None else trained_model(checkpoint)).eval()
 
 
-def test_batches(tokenizer_name: str, batch_size: int) -> list[dict]:
-    data = SkipDataModule(task="e2e_nlg", tokenizer=tokenizer_name, data_files={"test": TEST_FILE},
+def test_batches(data_file: str, batch_size: int) -> list[dict]:
+    data = SkipDataModule(task="e2e_nlg", tokenizer=BASE_MODEL, data_files={"test": data_file},
                           eval_batch_size=batch_size, max_source_tokens=96, max_target_tokens=64)
     data.setup("test")
     return list(data.test_dataloader())
@@ -60,16 +57,16 @@ def main() -> None:
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--decode-schedule", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--data", default=TEST_FILE, help="E2E csv with references (default: the 100 test MRs)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    module = load_module(args.checkpoint)
-    model, tokenizer = module.model, module.get_tokenizer()
-    schedule = schedule_family(args.decode_schedule).build(module.schedule.num_layers)
-    batches = test_batches(module.model_name, batch_size=8)
+    model, tokenizer = load_model(args.checkpoint), load_tokenizer(BASE_MODEL)
+    schedule = schedule_family(args.decode_schedule).build(model.config.num_hidden_layers)
+    batches = test_batches(args.data, batch_size=8)
 
     predictions, references, layers_run, tokens, started = [], [], 0, 0, time.perf_counter()
     for batch in batches:
@@ -85,15 +82,20 @@ def main() -> None:
     bleu = SacreBLEUScore()(predictions, references).item()
     rouge_l = ROUGEScore(rouge_keys=("rougeL",))(predictions, references)["rougeL_fmeasure"].item()
 
+    mean_layers = layers_run / max(tokens, 1)
     result = {
         "name": args.name,
         "checkpoint": args.checkpoint or f"{BASE_MODEL} (no fine-tuning)",
-        "trained_schedule": {"family": module.schedule.family, "params": module.schedule.params},
         "decode_schedule": {"family": schedule.family, "params": schedule.params},
+        "data": args.data,
         "test_mrs": len(predictions),
         "bleu": bleu,
         "rouge_l": rouge_l,
-        "mean_layers_per_generated_token": layers_run / max(tokens, 1),
+        "mean_generated_tokens": tokens / max(len(predictions), 1),
+        "mean_layers_per_generated_token": mean_layers,
+        "ideal_speedup_over_generated_tokens": schedule.num_layers / mean_layers if tokens else None,
+        "nominal_ideal_speedup": schedule.ideal_speedup(),
+        "nominal_span_tokens": schedule.span,
         "quality_decoding_seconds": quality_seconds,
         "threads": args.threads,
         "examples": [{"prediction": p, "references": r[:2]} for p, r in zip(predictions[:5], references[:5],

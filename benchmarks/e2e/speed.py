@@ -22,7 +22,7 @@ import torch
 from skiptrain import Dense, generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from score import load_module, schedule_family, test_batches  # noqa: E402
+from score import TEST_FILE, load_model, schedule_family, test_batches  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SCHEDULES = ("skipdecode2x", "skipdecode3x", "hsd2x")
@@ -38,16 +38,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    module = load_module(None)
-    batches = test_batches(module.model_name, batch_size=8)[: args.batches]
-    num_layers = module.schedule.num_layers
+    model = load_model(None)
+    batches = test_batches(TEST_FILE, batch_size=8)[: args.batches]
+    num_layers = model.config.num_hidden_layers
     schedules = {"dense": Dense().build(num_layers)}
     schedules |= {name: schedule_family(HERE / f"schedule_{name}.yaml").build(num_layers) for name in SCHEDULES}
 
     def decode(schedule) -> float:
         start = time.perf_counter()
         for batch in batches:
-            generate(module.model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
+            generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
                      max_new_tokens=args.new_tokens)
         return time.perf_counter() - start
 
