@@ -44,9 +44,9 @@ def load_model(checkpoint: str | None) -> torch.nn.Module:
     return (load_causal_lm(BASE_MODEL) if checkpoint is None else trained_model(checkpoint)).eval()
 
 
-def test_batches(data_file: str, batch_size: int) -> list[dict]:
-    data = SkipDataModule(task="e2e_nlg", tokenizer=BASE_MODEL, data_files={"test": data_file},
-                          eval_batch_size=batch_size, max_source_tokens=96, max_target_tokens=64)
+def test_batches(data_file: str, batch_size: int, task: str = "e2e_nlg", max_source_tokens: int = 96) -> list[dict]:
+    data = SkipDataModule(task=task, tokenizer=BASE_MODEL, data_files={"test": data_file},
+                          eval_batch_size=batch_size, max_source_tokens=max_source_tokens, max_target_tokens=64)
     data.setup("test")
     return list(data.test_dataloader())
 
@@ -58,6 +58,8 @@ def main() -> None:
     parser.add_argument("--decode-schedule", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--data", default=TEST_FILE, help="E2E csv with references (default: the 100 test MRs)")
+    parser.add_argument("--task", default="e2e_nlg", help="skiptrain task of --data (e.g. xsum)")
+    parser.add_argument("--max-source-tokens", type=int, default=96, help="source truncation, as in training")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -66,7 +68,7 @@ def main() -> None:
 
     model, tokenizer = load_model(args.checkpoint), load_tokenizer(BASE_MODEL)
     schedule = schedule_family(args.decode_schedule).build(model.config.num_hidden_layers)
-    batches = test_batches(args.data, batch_size=8)
+    batches = test_batches(args.data, batch_size=8, task=args.task, max_source_tokens=args.max_source_tokens)
 
     predictions, references, layers_run, tokens, started = [], [], 0, 0, time.perf_counter()
     for batch in batches:
@@ -80,7 +82,7 @@ def main() -> None:
     quality_seconds = time.perf_counter() - started
 
     bleu = SacreBLEUScore()(predictions, references).item()
-    rouge_l = ROUGEScore(rouge_keys=("rougeL",))(predictions, references)["rougeL_fmeasure"].item()
+    rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL"))(predictions, references)
 
     mean_layers = layers_run / max(tokens, 1)
     result = {
@@ -90,7 +92,9 @@ def main() -> None:
         "data": args.data,
         "test_mrs": len(predictions),
         "bleu": bleu,
-        "rouge_l": rouge_l,
+        "rouge_l": rouge["rougeL_fmeasure"].item(),
+        "rouge_1": rouge["rouge1_fmeasure"].item(),
+        "rouge_2": rouge["rouge2_fmeasure"].item(),
         "mean_generated_tokens": tokens / max(len(predictions), 1),
         "mean_layers_per_generated_token": mean_layers,
         "ideal_speedup_over_generated_tokens": schedule.num_layers / mean_layers if tokens else None,

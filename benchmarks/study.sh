@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One configuration of a quality-at-speed study (benchmarks/RESULTS.md), from the repository root:
+#   bash benchmarks/study.sh STUDY SCHEDULE [LEVER ...]        e.g. bash benchmarks/study.sh e2e skipdecode2x curriculum
+# STUDY is a folder here with study.env (training base config, dev and test data, scoring options): e2e or xsum.
+# SCHEDULE names benchmarks/e2e/schedule_SCHEDULE.yaml, each LEVER benchmarks/levers/LEVER.yaml (runs/STUDY/ in a
+# lever means this study's runs), stacked on the study's base config. The run is named SCHEDULE+LEVER+... (plus
+# _sN for SEED=N, default 0); its checkpoint lands in runs/STUDY/NAME/last.ckpt, its wall time in wall_seconds. A
+# lever that starts from another run (runs/STUDY/OTHER/last.ckpt) trains OTHER first when it is missing. Then the
+# model is scored under its own schedule (or DECODE=SCHEDULE, e.g. plug-and-play skipping of a dense run) on the
+# dev split, used to choose settings, and on the test split: benchmarks/results/STUDY/study/NAME[@DECODE].{dev,test}.json.
+# One core and one thread per job (CORE, THREADS).
+set -euo pipefail
+study=$1 schedule=$2; shift 2
+here=benchmarks/$study
+# shellcheck source=/dev/null
+source "$here/study.env"
+seed=${SEED:-0}
+name=$(IFS=+; echo "$schedule${*:++$*}")
+[ "$seed" = 0 ] || name="${name}_s$seed"
+run=runs/$study/$name
+mkdir -p "$run/levers"
+[ -z "${PREPARE:-}" ] || $PREPARE
+configs=(--config "$TRAIN_BASE" --config "benchmarks/e2e/schedule_${schedule}.yaml")
+for lever in "$@"; do
+  sed "s|runs/STUDY/|runs/$study/|g" "benchmarks/levers/${lever}.yaml" > "$run/levers/${lever}.yaml"
+  configs+=(--config "$run/levers/${lever}.yaml")
+  for needed in $(grep -o "runs/$study/[^/ ]*/last.ckpt" "$run/levers/${lever}.yaml" | sort -u); do
+    other=$(basename "$(dirname "$needed")")
+    [ -e "$needed" ] || SEED=0 DECODE='' bash benchmarks/study.sh "$study" ${other//+/ }
+  done
+done
+export OMP_NUM_THREADS=${THREADS:-1}
+if [ ! -e "$run/last.ckpt" ]; then
+  started=$(date +%s)
+  taskset -c "${CORE:-1}" python -m skiptrain fit "${configs[@]}" --seed_everything "$seed" \
+    --trainer.default_root_dir "$run" --trainer.logger CSVLogger --trainer.logger.save_dir "$run"
+  echo $(( $(date +%s) - started )) > "$run/wall_seconds"
+  ln -sf "$(ls -t "$run"/lightning_logs/version_*/checkpoints/last.ckpt | head -n 1 | sed "s|^$run/||")" "$run/last.ckpt"
+fi
+decode=${DECODE:-$schedule}
+scored=$name; [ "$decode" = "$schedule" ] || scored="$name@$decode"
+out=benchmarks/results/$study/study
+mkdir -p "$out"
+for split in dev test; do
+  data=$DEV_DATA; [ "$split" = dev ] || data=$TEST_DATA
+  # shellcheck disable=SC2086
+  [ -e "$out/$scored.$split.json" ] || taskset -c "${CORE:-1}" python benchmarks/e2e/score.py --name "$scored" \
+    --checkpoint "$run/last.ckpt" --decode-schedule "benchmarks/e2e/schedule_${decode}.yaml" --data "$data" \
+    --threads "${THREADS:-1}" $SCORE_ARGS --out "$out/$scored.$split.json"
+done
