@@ -78,7 +78,8 @@ def cmd_schedule(args: argparse.Namespace) -> None:
     schedule = family.build(layers)
     record(args.results, "schedule", {"num_layers": layers, "max_layers": family.max_layers,
                                       "min_layers": family.min_layers, "decay_tokens": family.decay_tokens,
-                                      "ideal_decode_speedup": round(schedule.ideal_speedup(), 3)})
+                                      "ideal_decode_speedup": round(schedule.ideal_speedup(), 3),
+                                      "ideal_over_generated_tokens": schedule.span})
     print(f"--model.schedule SkipDecode --model.schedule.max_layers {family.max_layers} "
           f"--model.schedule.min_layers {family.min_layers} --model.schedule.decay_tokens {family.decay_tokens}")
 
@@ -174,8 +175,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
         reference = plain(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits.float()
         ours = skip_forward(model, ids, mask, dense, prompt_length=ids.shape[1]).float()
     real = mask.bool()
-    found = {"record_trained_with_schedule": exported.record.get("trained_with_schedule"),
-             "record_family": exported.record.get("family"),
+    found = {"record_trained_with_schedule": exported.record.trained_with_schedule,
+             "record_family": exported.schedule.family,
              "dense_vs_transformers_max_abs_logit_diff": (ours - reference)[real].abs().max().item()}
     del plain
 

@@ -11,21 +11,13 @@ Add it to a recipe::
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
-from skiptrain.export import (
-    RUN_CONFIG_FILE,
-    VALIDATION_PREFIX,
-    ExportInfo,
-    check_target,
-    export_module,
-    hyperparameters_yaml,
-)
+from skiptrain.export import check_target, export_module
 from skiptrain.module import SkipLM
+from skiptrain.runs import fit_record
 
 
 class ExportCallback(Callback):
@@ -57,22 +49,6 @@ class ExportCallback(Callback):
         if trainer.interrupted:
             rank_zero_warn(f"fit was interrupted: nothing exported to {self.output_dir}")
             return
-        export_module(pl_module, self.output_dir, run_info(trainer, pl_module), adapter_only=self.adapter_only,
+        export_module(pl_module, self.output_dir, fit_record(trainer, pl_module), adapter_only=self.adapter_only,
                       overwrite=self.overwrite)
 
-
-def run_info(trainer: L.Trainer, pl_module: SkipLM) -> ExportInfo:
-    """What the export records about a run that just finished fitting."""
-    datamodule = getattr(trainer, "datamodule", None)
-    config_file = Path(trainer.log_dir or trainer.default_root_dir) / RUN_CONFIG_FILE
-    training_config = (config_file.read_text() if config_file.is_file() else
-                       hyperparameters_yaml(pl_module.hparams, datamodule.hparams if datamodule is not None else None))
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(VALIDATION_PREFIX)}
-    return ExportInfo(
-        base_model=pl_module.model_name,
-        trained_with_schedule=trainer.global_step > 0,
-        task=getattr(datamodule, "task", None),
-        training_config=training_config,
-        metrics=metrics,
-        metrics_source="the run's last validation (trainer.callback_metrics at the end of fit)",
-    )

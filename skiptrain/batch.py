@@ -21,8 +21,6 @@ from typing import Any
 
 import torch
 
-from skiptrain.forward import position_ids_from_mask
-
 IGNORE_INDEX = -100
 """Label value of positions that are not scored (pads, prompts without ``prompt_loss``)."""
 
@@ -50,8 +48,6 @@ def collate(examples: Sequence[Mapping[str, Any]], pad_token_id: int, prompt_los
         ``attention_mask`` (``[B, P + T]``, 0 on pads),
         ``labels`` (``[B, P + T]``, aligned with ``input_ids`` and ``-100`` except on target tokens, plus prompt
         tokens with ``prompt_loss``; the model shifts, so logits at column ``c - 1`` predict ``labels[:, c]``),
-        ``position_ids`` (``[B, P + T]``, :func:`~skiptrain.forward.position_ids_from_mask`, so left pads do not
-        shift positions),
         ``prompt_length`` (int ``P``),
         ``prompt_input_ids`` / ``prompt_attention_mask`` (``[B, P]``, the left-padded prompts alone, for
         generation),
@@ -86,7 +82,6 @@ def collate(examples: Sequence[Mapping[str, Any]], pad_token_id: int, prompt_los
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "labels": labels,
-        "position_ids": position_ids_from_mask(attention_mask),
         "prompt_length": prompt_len,
         "prompt_input_ids": input_ids[:, :prompt_len].clone(),
         "prompt_attention_mask": attention_mask[:, :prompt_len].clone(),
@@ -96,6 +91,15 @@ def collate(examples: Sequence[Mapping[str, Any]], pad_token_id: int, prompt_los
     if all(REFERENCES in ex for ex in examples):
         batch["references"] = [list(ex[REFERENCES]) for ex in examples]
     return batch
+
+
+def collate_prompts(prompt_ids: Sequence[Sequence[int]], pad_token_id: int) -> dict[str, Any]:
+    """A batch of prompts alone, for generation: :func:`collate` with empty targets (``T == 0``).
+
+    Its ``prompt_input_ids`` / ``prompt_attention_mask`` are what a training or evaluation batch of the same
+    prompts holds: left-padded, every prompt ending at column ``P``.
+    """
+    return collate([{PROMPT_IDS: list(ids), TARGET_IDS: []} for ids in prompt_ids], pad_token_id)
 
 
 @dataclass(frozen=True)
@@ -115,4 +119,4 @@ class Collator:
         return collate(examples, self.pad_token_id, self.prompt_loss)
 
 
-__all__ = ["IGNORE_INDEX", "PROMPT_IDS", "REFERENCES", "SOURCE", "TARGET_IDS", "Collator", "collate"]
+__all__ = ["IGNORE_INDEX", "PROMPT_IDS", "REFERENCES", "SOURCE", "TARGET_IDS", "Collator", "collate", "collate_prompts"]

@@ -27,6 +27,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from skiptrain.key_diff import diff_keys, list_names
+
 __all__ = [
     "CheckpointError",
     "checkpoint_layout",
@@ -208,7 +210,7 @@ def _refuse_placeholders(state: Mapping[str, torch.Tensor], path: str | os.PathL
     if empty:
         raise CheckpointError(
             f"checkpoint {str(path)!r}: {len(empty)} zero-element tensors, i.e. ZeRO-3/FSDP partition placeholders "
-            f"saved without gathering: {_names(empty)}. Consolidate the sharded checkpoint directory itself, not a "
+            f"saved without gathering: {list_names(empty)}. Consolidate the sharded checkpoint directory itself, not a "
             "state_dict() taken from a sharded module"
         )
     if not state:
@@ -236,17 +238,9 @@ def _check_against(
                 restored.append(f"{name} <- {present[0]}")
     if restored:
         rank_zero_info(f"skiptrain: restored tied weights missing from {path}: {', '.join(restored)}")
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    shapes = sorted(f"{k}: {list(state[k].shape)} instead of {list(expected[k])}"
-                    for k in set(state) & set(expected) if tuple(state[k].shape) != expected[k])
-    problems = [f"{len(keys)} {label}: {_names(keys)}" for label, keys in
-                (("missing", missing), ("unexpected", unexpected), ("of the wrong shape", shapes)) if keys]
+    problems = diff_keys({k: v.shape for k, v in state.items()}, expected).problems()
     if problems:
         raise CheckpointError(f"checkpoint {str(path)!r} does not match {type(reference).__name__}: "
                               + "; ".join(problems))
     return state
 
-
-def _names(keys: list[str], limit: int = 20) -> str:
-    return ", ".join(keys[:limit]) + (f" ... ({len(keys) - limit} more)" if len(keys) > limit else "")

@@ -2,11 +2,14 @@
 
 ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's; ``export``, ``generate`` and ``evaluate`` are
 methods of :class:`~skiptrain.trainer.SkipTrainer` whose typed arguments become options (``--output_dir``,
-``--prompts``, ...). ``export`` and ``generate`` need no data module: for them the ``data`` section is optional.
+``--prompts``, ...). A subcommand whose method takes ``datamodule=None`` (``export``, ``generate``) needs no data
+module: for it the ``data`` section is optional. Adding a subcommand is a SkipTrainer method and one line in
+:meth:`SkipCLI.subcommands`.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -16,8 +19,8 @@ from skiptrain.module import SkipLM, accept_schedule_families
 from skiptrain.strategies import release_process_group
 from skiptrain.trainer import SkipTrainer
 
-DATA_OPTIONAL = frozenset({"export", "generate"})
-"""Subcommands that run without a data module (``--data.*`` may still be given, e.g. by a run's config.yaml)."""
+FROM_CONFIG = {"model", "datamodule"}
+"""Arguments of a SkipTrainer subcommand that the CLI builds from the config rather than parsing as options."""
 
 
 class SkipCLI(LightningCLI):
@@ -27,9 +30,23 @@ class SkipCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """LightningCLI's subcommands plus ``export``, ``generate`` and ``evaluate`` (methods of SkipTrainer)."""
-        skip = {"model", "datamodule"}
-        return {**LightningCLI.subcommands(), "export": skip, "generate": skip, "evaluate": skip}
+        """LightningCLI's subcommands plus SkipTrainer's, one line each."""
+        return {
+            **LightningCLI.subcommands(),
+            "export": FROM_CONFIG,
+            "generate": FROM_CONFIG,
+            "evaluate": FROM_CONFIG,
+        }
+
+    def _data_optional(self) -> bool:
+        """Whether the subcommand being built runs without a data module (its method takes ``datamodule=None``).
+
+        ``--data.*`` may still be given then, e.g. by a run's config.yaml.
+        """
+        if self._building is None or self._building in LightningCLI.subcommands():
+            return False
+        parameters = inspect.signature(getattr(self.trainer_class, self._building)).parameters
+        return parameters["datamodule"].default is None
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
         self._building = subcommand
@@ -39,7 +56,7 @@ class SkipCLI(LightningCLI):
             self._building = None
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        if self._building not in DATA_OPTIONAL:
+        if not self._data_optional():
             super().add_core_arguments_to_parser(parser)
             return
         # As LightningCLI, except that the data module may be left out (it is then None).
@@ -50,7 +67,7 @@ class SkipCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # One model name drives both the weights and the tokenizer.
-        tokenizer = "data.init_args.tokenizer" if self._building in DATA_OPTIONAL else "data.tokenizer"
+        tokenizer = "data.init_args.tokenizer" if self._data_optional() else "data.tokenizer"
         parser.link_arguments("model.model", tokenizer)
 
 

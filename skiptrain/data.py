@@ -1,14 +1,8 @@
-"""Data loading, tokenisation and collation for skiptrain.
+"""Loading data for skiptrain: raw splits from files, the hub or the builtin task, and the LightningDataModule.
 
-Batch layout (the convention the rest of the package relies on): every batch is LEFT-padded so that each row's
-prompt ends at the same column ``P`` (``prompt_length``, the longest prompt in the batch); columns ``>= P`` hold
-the target tokens, right-padded to the longest target ``T``. Column ``P + g`` holds the ``g``-th target token of
-every row. Plain language-model data has no prompt (``P == 0``).
-
-Labels follow the Hugging Face convention: ``labels`` is aligned with ``input_ids`` (``labels[:, c] ==
-input_ids[:, c]`` on supervised positions, ``-100`` elsewhere) and the model/loss shifts internally, i.e. the logits
-at column ``c - 1`` are scored against ``labels[:, c]``. With this layout the first target token (column ``P``) is
-predicted from the last prompt token (column ``P - 1``).
+Splits are loaded (:func:`load_split`), mapped to canonical ``source``/``target`` columns (:func:`resolve_columns`,
+:func:`normalise_columns`), tokenised (:mod:`skiptrain.encoding`) and batched by :func:`skiptrain.batch.collate`,
+whose docstring states the batch layout every consumer relies on. Tasks are described in :mod:`skiptrain.tasks`.
 
 Example::
 
@@ -20,8 +14,7 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -32,127 +25,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
+from skiptrain.batch import PROMPT_IDS, REFERENCES, SOURCE, TARGET_IDS, Collator
 from skiptrain.builtin_task import build_builtin_dataset
+from skiptrain.encoding import encode_pairs, group_into_blocks
 from skiptrain.models import load_tokenizer, prepare_tokenizer
+from skiptrain.tasks import MetricKind, TaskSpec, get_task_spec, validate_template
 
-IGNORE_INDEX = -100
-SOURCE = "source"
 TARGET = "target"
-REFERENCES = "references"
-PROMPT_IDS = "prompt_ids"
-TARGET_IDS = "target_ids"
-SOURCE_PLACEHOLDER = "{source}"
-
-MetricKind = Literal["rouge", "bleu"]
-
-SUMMARY_TEMPLATE = "Summarize the article.\n\nArticle: {source}\n\nSummary:"
-XSUM_TEMPLATE = "Summarize the article in one sentence.\n\nArticle: {source}\n\nSummary:"
-E2E_TEMPLATE = "Describe the restaurant in one sentence.\nAttributes: {source}\nSentence:"
-BUILTIN_TEMPLATE = "Write the weather forecast.\nData: {source}\nForecast:"
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Everything skiptrain knows about one task.
-
-    Attributes:
-        name: Task name (key of :data:`TASKS`).
-        dataset_id: Default Hugging Face dataset id (``None`` for the generated ``builtin`` task).
-        dataset_config: Default dataset config name.
-        source_column: Default column holding the source text (the document text for ``text``).
-        target_column: Default target column; ``None`` for plain language modelling.
-        prompt_template: Default prompt; a format string with one ``{source}`` placeholder.
-        metric: ``"rouge"``, ``"bleu"`` or ``None`` (perplexity only).
-        train_split: Default training split name.
-        val_split: Default validation split name.
-        test_split: Default test split name.
-        multi_reference: Evaluation splits are grouped by source, collecting all references (E2E style).
-        column_aliases: Alternative ``(source, target)`` column pairs tried when the defaults are absent and the
-            user did not name columns (e.g. the official E2E CSVs use ``mr``/``ref``).
-    """
-
-    name: str
-    dataset_id: str | None
-    dataset_config: str | None
-    source_column: str
-    target_column: str | None
-    prompt_template: str | None
-    metric: MetricKind | None
-    train_split: str = "train"
-    val_split: str = "validation"
-    test_split: str = "test"
-    multi_reference: bool = False
-    column_aliases: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def is_language_modeling(self) -> bool:
-        """True for plain LM data (no target column, blocks of tokens, ``P == 0``)."""
-        return self.target_column is None
-
-
-TASKS: dict[str, TaskSpec] = {
-    "cnn_dailymail": TaskSpec(
-        name="cnn_dailymail",
-        dataset_id="abisee/cnn_dailymail",
-        dataset_config="3.0.0",
-        source_column="article",
-        target_column="highlights",
-        prompt_template=SUMMARY_TEMPLATE,
-        metric="rouge",
-    ),
-    "xsum": TaskSpec(
-        name="xsum",
-        dataset_id="EdinburghNLP/xsum",
-        dataset_config=None,
-        source_column="document",
-        target_column="summary",
-        prompt_template=XSUM_TEMPLATE,
-        metric="rouge",
-    ),
-    # trl-lib/tldr is the OpenAI-filtered Reddit TL;DR set (Stiennon et al. 2020) in prompt/completion form. Its
-    # prompts are already formatted ("SUBREDDIT: ... TITLE: ... POST: ... TL;DR:"), so the template is identity.
-    # (CarperAI/openai_summarize_tldr holds the same data with columns prompt/label.)
-    "reddit_tldr": TaskSpec(
-        name="reddit_tldr",
-        dataset_id="trl-lib/tldr",
-        dataset_config=None,
-        source_column="prompt",
-        target_column="completion",
-        prompt_template=SOURCE_PLACEHOLDER,
-        metric="rouge",
-        column_aliases=(("prompt", "label"),),
-    ),
-    "e2e_nlg": TaskSpec(
-        name="e2e_nlg",
-        dataset_id="tuetschek/e2e_nlg",
-        dataset_config=None,
-        source_column="meaning_representation",
-        target_column="human_reference",
-        prompt_template=E2E_TEMPLATE,
-        metric="bleu",
-        multi_reference=True,
-        column_aliases=(("mr", "ref"), ("MR", "ref")),
-    ),
-    "text": TaskSpec(
-        name="text",
-        dataset_id="Salesforce/wikitext",
-        dataset_config="wikitext-2-raw-v1",
-        source_column="text",
-        target_column=None,
-        prompt_template=None,
-        metric=None,
-    ),
-    "builtin": TaskSpec(
-        name="builtin",
-        dataset_id=None,
-        dataset_config=None,
-        source_column="mr",
-        target_column="ref",
-        prompt_template=BUILTIN_TEMPLATE,
-        metric="bleu",
-        multi_reference=True,
-    ),
-}
 
 # file extension -> (datasets builder, extra builder kwargs)
 FILE_BUILDERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -164,69 +43,6 @@ FILE_BUILDERS: dict[str, tuple[str, dict[str, Any]]] = {
     ".txt": ("text", {"keep_linebreaks": True}),
     ".raw": ("text", {"keep_linebreaks": True}),
 }
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Pure helpers
-# --------------------------------------------------------------------------------------------------------------
-
-
-def get_task_spec(task: str) -> TaskSpec:
-    """Look up a task.
-
-    Args:
-        task: Task name.
-
-    Returns:
-        The task's :class:`TaskSpec`.
-
-    Raises:
-        ValueError: If ``task`` is unknown (the message names the field, the value and the allowed values).
-    """
-    if task not in TASKS:
-        raise ValueError(f"task={task!r} is not supported; allowed values: {sorted(TASKS)}")
-    return TASKS[task]
-
-
-def validate_template(template: str) -> str:
-    """Check that a prompt template has exactly one ``{source}`` placeholder.
-
-    Args:
-        template: The template.
-
-    Returns:
-        The template, unchanged.
-
-    Raises:
-        ValueError: If the placeholder is missing or repeated.
-    """
-    count = template.count(SOURCE_PLACEHOLDER)
-    if count != 1:
-        raise ValueError(
-            f"prompt_template must contain '{SOURCE_PLACEHOLDER}' exactly once, found {count}: {template!r}"
-        )
-    return template
-
-
-def fill_template(template: str, source: str) -> str:
-    """Insert ``source`` into ``template`` (plain replacement, so other braces in the template are literal)."""
-    return template.replace(SOURCE_PLACEHOLDER, source, 1)
-
-
-def target_text(prompt: str, target: str) -> str:
-    """Text appended after ``prompt``: the stripped target, preceded by a space unless the prompt ends in whitespace.
-
-    Args:
-        prompt: The filled prompt.
-        target: The raw target.
-
-    Returns:
-        The target text as it follows the prompt in the training sequence.
-    """
-    target = target.strip()
-    if prompt and not prompt[-1].isspace():
-        return " " + target
-    return target
 
 
 def infer_builder(paths: str | Sequence[str]) -> tuple[str, dict[str, Any]]:
@@ -316,223 +132,6 @@ def group_references(sources: Sequence[str], targets: Sequence[str]) -> tuple[li
     for source, target in zip(sources, targets, strict=True):
         grouped.setdefault(source, []).append(target)
     return list(grouped), list(grouped.values())
-
-
-def special_token_counts(tokenizer: Any) -> tuple[int, int]:
-    """How many special tokens the tokenizer adds before and after the text with ``add_special_tokens=True``.
-
-    Args:
-        tokenizer: A Hugging Face tokenizer.
-
-    Returns:
-        ``(n_prefix, n_suffix)``, e.g. ``(1, 0)`` for Llama-style BOS, ``(0, 0)`` for GPT-2.
-    """
-    plain = tokenizer("a b", add_special_tokens=False)["input_ids"]
-    full = tokenizer("a b", add_special_tokens=True)["input_ids"]
-    for start in range(len(full) - len(plain) + 1):
-        if full[start : start + len(plain)] == plain:
-            return start, len(full) - start - len(plain)
-    return 0, 0
-
-
-def _strip_suffix(ids: list[int], n_suffix: int) -> list[int]:
-    return ids[: len(ids) - n_suffix] if n_suffix else ids
-
-
-def _truncate_source(
-    tokenizer: Any, template: str, source: str, max_source_tokens: int, n_suffix: int
-) -> tuple[str, list[int]]:
-    """Filled prompt (text, ids) with ``source`` cut at a token boundary so it fits ``max_source_tokens``."""
-    enc = tokenizer(source, add_special_tokens=False, return_offsets_mapping=bool(tokenizer.is_fast))
-    src_ids = enc["input_ids"]
-    offsets = enc.get("offset_mapping")
-    overhead = len(_strip_suffix(tokenizer(fill_template(template, ""))["input_ids"], n_suffix))
-    budget = min(len(src_ids), max_source_tokens - overhead)
-    while budget > 0:
-        cut = source[: offsets[budget - 1][1]] if offsets else tokenizer.decode(src_ids[:budget])
-        text = fill_template(template, cut.rstrip())
-        ids = _strip_suffix(tokenizer(text)["input_ids"], n_suffix)
-        if len(ids) <= max_source_tokens:
-            return text, ids
-        budget -= max(1, len(ids) - max_source_tokens)
-    text = fill_template(template, "")
-    return text, _strip_suffix(tokenizer(text)["input_ids"], n_suffix)
-
-
-def encode_prompts(
-    tokenizer: Any, template: str, sources: Sequence[str], max_source_tokens: int
-) -> tuple[list[str], list[list[int]]]:
-    """Fill and tokenise prompts, trimming the SOURCE (never the template) to fit ``max_source_tokens``.
-
-    Args:
-        tokenizer: A Hugging Face tokenizer (special tokens such as BOS are kept; a trailing EOS is removed).
-        template: Prompt template with one ``{source}``.
-        sources: Source texts.
-        max_source_tokens: Maximum prompt length in tokens, template and special tokens included.
-
-    Returns:
-        ``(prompt_texts, prompt_ids)``; ``prompt_texts`` hold the (possibly trimmed) filled templates.
-
-    Raises:
-        ValueError: If the template alone does not fit in ``max_source_tokens``.
-    """
-    _, n_suffix = special_token_counts(tokenizer)
-    overhead = len(_strip_suffix(tokenizer(fill_template(template, ""))["input_ids"], n_suffix))
-    if overhead >= max_source_tokens:
-        raise ValueError(
-            f"max_source_tokens={max_source_tokens} leaves no room for the source: the prompt template alone "
-            f"takes {overhead} tokens ({template!r})"
-        )
-    texts = [fill_template(template, s) for s in sources]
-    ids = [_strip_suffix(x, n_suffix) for x in tokenizer(texts)["input_ids"]]
-    for i, row in enumerate(ids):
-        if len(row) > max_source_tokens:
-            texts[i], ids[i] = _truncate_source(tokenizer, template, sources[i], max_source_tokens, n_suffix)
-    return texts, ids
-
-
-def encode_pairs(
-    tokenizer: Any,
-    template: str,
-    sources: Sequence[str],
-    targets: Sequence[str],
-    max_source_tokens: int,
-    max_target_tokens: int,
-) -> tuple[list[list[int]], list[list[int]]]:
-    """Tokenise (source, target) pairs into prompt ids and target ids.
-
-    The target is tokenised in context (``prompt + target`` minus the prompt's tokens, falling back to a separate
-    encoding when the boundary merges), cut to ``max_target_tokens`` and followed by EOS. Only the source is ever
-    trimmed; see :func:`encode_prompts`.
-
-    Args:
-        tokenizer: A Hugging Face tokenizer with an EOS token.
-        template: Prompt template with one ``{source}``.
-        sources: Source texts.
-        targets: Target texts.
-        max_source_tokens: Maximum prompt length in tokens.
-        max_target_tokens: Maximum target length in tokens, before the EOS token.
-
-    Returns:
-        ``(prompt_ids, target_ids)``; each target ends with ``tokenizer.eos_token_id``.
-    """
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError("the tokenizer has no eos_token; targets must end with EOS")
-    _, n_suffix = special_token_counts(tokenizer)
-    prompt_texts, prompt_ids = encode_prompts(tokenizer, template, sources, max_source_tokens)
-    continuations = [target_text(p, t) for p, t in zip(prompt_texts, targets, strict=True)]
-    full_ids = tokenizer([p + c for p, c in zip(prompt_texts, continuations, strict=True)])["input_ids"]
-    target_ids = []
-    for p_ids, f_ids, cont in zip(prompt_ids, full_ids, continuations, strict=True):
-        f_ids = _strip_suffix(f_ids, n_suffix)
-        if f_ids[: len(p_ids)] == p_ids:
-            t_ids = f_ids[len(p_ids) :]
-        else:
-            t_ids = tokenizer(cont, add_special_tokens=False)["input_ids"]
-        target_ids.append(list(t_ids[:max_target_tokens]) + [eos])
-    return prompt_ids, target_ids
-
-
-def group_into_blocks(token_lists: Iterable[Sequence[int]], block_size: int, min_tail: int = 2) -> list[list[int]]:
-    """Concatenate documents and cut the stream into blocks of ``block_size`` tokens.
-
-    Args:
-        token_lists: Token ids of consecutive documents.
-        block_size: Block length.
-        min_tail: The final partial block is kept if it has at least this many tokens (it is right-padded at
-            collation), so small evaluation files lose no tokens.
-
-    Returns:
-        The blocks.
-    """
-    if block_size < 2:
-        raise ValueError(f"block_size must be >= 2, got {block_size}")
-    stream = [t for ids in token_lists for t in ids]
-    blocks = [stream[i : i + block_size] for i in range(0, len(stream), block_size)]
-    if blocks and len(blocks[-1]) < max(min_tail, 1):
-        blocks.pop()
-    return blocks
-
-
-def collate(examples: Sequence[Mapping[str, Any]], pad_token_id: int, prompt_loss: bool = False) -> dict[str, Any]:
-    """Collate tokenised examples into a left/right padded batch.
-
-    Each example has ``prompt_ids`` and ``target_ids`` (lists of ints) and optionally ``source`` (str) and
-    ``references`` (list of str). Row ``i`` of ``input_ids`` is ``[pad..., prompt..., target..., pad...]`` with
-    the prompt ending at column ``P = max prompt length`` and the target starting at column ``P``.
-
-    Args:
-        examples: The examples.
-        pad_token_id: Id used for padding (may equal EOS: labels and masks never depend on the pad id).
-        prompt_loss: Also put labels on prompt tokens (pads never get labels).
-
-    Returns:
-        A dict with
-        ``input_ids`` (LongTensor ``[B, P + T]``),
-        ``attention_mask`` (``[B, P + T]``, 0 on pads),
-        ``labels`` (``[B, P + T]``, aligned with ``input_ids`` and ``-100`` except on target tokens, plus prompt
-        tokens with ``prompt_loss``; the model shifts, so logits at column ``c - 1`` predict ``labels[:, c]``),
-        ``position_ids`` (``[B, P + T]``, ``cumsum(attention_mask) - 1`` clamped at 0, so left pads do not shift
-        positions),
-        ``prompt_length`` (int ``P``),
-        ``prompt_input_ids`` / ``prompt_attention_mask`` (``[B, P]``, the left-padded prompts alone, for
-        generation),
-        and, when the examples carry them, ``sources`` (list of str) and ``references`` (list of list of str).
-    """
-    if not examples:
-        raise ValueError("cannot collate an empty list of examples")
-    prompts = [list(ex[PROMPT_IDS]) for ex in examples]
-    targets = [list(ex[TARGET_IDS]) for ex in examples]
-    batch_size = len(examples)
-    prompt_len = max(len(p) for p in prompts)
-    target_len = max(len(t) for t in targets)
-    input_ids = torch.full((batch_size, prompt_len + target_len), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    labels = torch.full_like(input_ids, IGNORE_INDEX)
-    for i, (prompt, target) in enumerate(zip(prompts, targets, strict=True)):
-        start = prompt_len - len(prompt)
-        if prompt:
-            input_ids[i, start:prompt_len] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[i, start:prompt_len] = 1
-            if prompt_loss:
-                labels[i, start:prompt_len] = input_ids[i, start:prompt_len]
-        end = prompt_len + len(target)
-        if target:
-            input_ids[i, prompt_len:end] = torch.tensor(target, dtype=torch.long)
-            attention_mask[i, prompt_len:end] = 1
-            labels[i, prompt_len:end] = input_ids[i, prompt_len:end]
-    batch: dict[str, Any] = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "labels": labels,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-        "prompt_length": prompt_len,
-        "prompt_input_ids": input_ids[:, :prompt_len].clone(),
-        "prompt_attention_mask": attention_mask[:, :prompt_len].clone(),
-    }
-    if all(SOURCE in ex for ex in examples):
-        batch["sources"] = [str(ex[SOURCE]) for ex in examples]
-    if all(REFERENCES in ex for ex in examples):
-        batch["references"] = [list(ex[REFERENCES]) for ex in examples]
-    return batch
-
-
-@dataclass(frozen=True)
-class Collator:
-    """Picklable wrapper around :func:`collate` for ``DataLoader(collate_fn=...)``.
-
-    Attributes:
-        pad_token_id: Padding id.
-        prompt_loss: Also supervise prompt tokens.
-    """
-
-    pad_token_id: int
-    prompt_loss: bool = False
-
-    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Collate ``examples``; see :func:`collate`."""
-        return collate(examples, self.pad_token_id, self.prompt_loss)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -787,7 +386,7 @@ class EpochShuffleSampler(torch.utils.data.Sampler[int]):
 class SkipDataModule(L.LightningDataModule):
     """Loads, tokenises and batches data for skiptrain (left-padded prompts ending at one column ``P``).
 
-    Batches are dicts produced by :func:`collate`: ``input_ids``, ``attention_mask``, ``labels``, ``position_ids``,
+    Batches are dicts produced by :func:`~skiptrain.batch.collate`: ``input_ids``, ``attention_mask``, ``labels``,
     ``prompt_length``, ``prompt_input_ids``, ``prompt_attention_mask`` and, for evaluation batches of
     prompt/target tasks, ``sources`` and ``references``.
     """
@@ -846,7 +445,7 @@ class SkipDataModule(L.LightningDataModule):
             seed: Seed for shuffling, subsampling and the builtin task.
         """
         super().__init__()
-        self.spec = get_task_spec(task)
+        self.task_spec: TaskSpec = get_task_spec(task)
         for name, value in (
             ("max_source_tokens", max_source_tokens),
             ("max_target_tokens", max_target_tokens),
@@ -855,12 +454,12 @@ class SkipDataModule(L.LightningDataModule):
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        template = prompt_template if prompt_template is not None else self.spec.prompt_template
-        self.prompt_template = None if self.spec.is_language_modeling else validate_template(template or "")
+        template = prompt_template if prompt_template is not None else self.task_spec.prompt_template
+        self.prompt_template = None if self.task_spec.is_language_modeling else validate_template(template or "")
         self.tokenizer_name = tokenizer
         self.data_files = dict(data_files) if data_files is not None else None
-        self.dataset_id = dataset_id or self.spec.dataset_id
-        self.dataset_config = dataset_config if dataset_config is not None else self.spec.dataset_config
+        self.dataset_id = dataset_id or self.task_spec.dataset_id
+        self.dataset_config = dataset_config if dataset_config is not None else self.task_spec.dataset_config
         if task == "builtin" and dataset_id is None:
             self.dataset_id = None
         self.source_column = source_column
@@ -872,9 +471,9 @@ class SkipDataModule(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.split_names: dict[Role, str] = {
-            "train": train_split or self.spec.train_split,
-            "val": val_split or self.spec.val_split,
-            "test": test_split or self.spec.test_split,
+            "train": train_split or self.task_spec.train_split,
+            "val": val_split or self.task_spec.val_split,
+            "test": test_split or self.task_spec.test_split,
         }
         self.max_train_samples = max_train_samples
         self.max_eval_samples = max_eval_samples
@@ -890,17 +489,12 @@ class SkipDataModule(L.LightningDataModule):
     @property
     def task(self) -> str:
         """Task name."""
-        return self.spec.name
-
-    @property
-    def task_spec(self) -> TaskSpec:
-        """The task's :class:`TaskSpec`."""
-        return self.spec
+        return self.task_spec.name
 
     @property
     def metric(self) -> MetricKind | None:
         """Generation metric for this task: ``"rouge"``, ``"bleu"`` or ``None`` (perplexity only)."""
-        return self.spec.metric
+        return self.task_spec.metric
 
     @property
     def tokenizer(self) -> Any:
@@ -988,26 +582,27 @@ class SkipDataModule(L.LightningDataModule):
             self.setup(stage)
         return self.datasets[role]
 
-    def _loader(self, dataset: datasets.Dataset, batch_size: int, shuffle: bool = False, **kwargs: Any) -> DataLoader:
+    def _loader(
+        self, dataset: datasets.Dataset, batch_size: int, sampler: torch.utils.data.Sampler[int] | None = None
+    ) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=batch_size,
-            shuffle=shuffle,
+            sampler=sampler,
             collate_fn=self.collator(),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            **kwargs,
         )
 
     def _build(self, role: Role) -> datasets.Dataset:
         split = self.split_names[role]
         raw, origin = load_split(split, self.data_files, self.dataset_id, self.dataset_config, seed=self.seed)
         src, tgt = resolve_columns(
-            raw.column_names, self.spec, f"{origin} split {split!r}", self.source_column, self.target_column
+            raw.column_names, self.task_spec, f"{origin} split {split!r}", self.source_column, self.target_column
         )
         data = normalise_columns(raw, src, tgt, origin, split)
         tokenizer = self.tokenizer
-        if self.spec.is_language_modeling:
+        if self.task_spec.is_language_modeling:
             data = tokenize_blocks(data, tokenizer, self.block_size)
             if len(data) == 0:
                 raise ValueError(f"{origin}: split {split!r} produced no token blocks")
@@ -1018,7 +613,7 @@ class SkipDataModule(L.LightningDataModule):
             return tokenize_pairs(
                 data, tokenizer, self.prompt_template, self.max_source_tokens, self.max_target_tokens, keep_text=False
             )
-        if self.spec.multi_reference:
+        if self.task_spec.multi_reference:
             data = group_dataset_references(data)
         data = self._subsample(data, self.max_eval_samples, random=False)
         return tokenize_pairs(
@@ -1034,23 +629,14 @@ class SkipDataModule(L.LightningDataModule):
 
 
 __all__ = [
-    "IGNORE_INDEX",
-    "TASKS",
-    "Collator",
+    "EpochShuffleSampler",
     "SkipDataModule",
-    "TaskSpec",
-    "collate",
-    "encode_pairs",
-    "encode_prompts",
-    "fill_template",
-    "get_task_spec",
     "group_dataset_references",
-    "group_into_blocks",
     "group_references",
     "infer_builder",
     "load_split",
+    "normalise_columns",
     "resolve_columns",
-    "special_token_counts",
-    "target_text",
-    "validate_template",
+    "tokenize_blocks",
+    "tokenize_pairs",
 ]

@@ -478,7 +478,7 @@ def skipdecode_for_speedup(
             key = (error > tolerance, -top if error <= tolerance else 0, error)
             if best_key is None or key < best_key:
                 best, best_key = family, key
-    if best is None or not math.isfinite(best_key[0]):
+    if best is None:  # max_layers leaves no valid min_layers
         raise ScheduleError(
             f"max_layers={max_layers} is invalid: allowed {warmup_layers + 1} <= max_layers <= {num_layers}"
         )

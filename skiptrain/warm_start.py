@@ -11,19 +11,21 @@ import os
 
 from torch import nn
 
-from skiptrain.checkpoints import CheckpointError, checkpoint_metadata, consolidate_checkpoint
+from skiptrain.checkpoints import CheckpointError, checkpoint_metadata
 
 
 def trained_model(path: str | os.PathLike, attn_implementation: str = "sdpa") -> nn.Module:
     """The causal LM of an earlier run (checkpoint or export), LoRA merged, on the CPU in float32."""
-    from skiptrain.export import is_export, load_exported
-
-    if is_export(path):
-        return load_exported(path, attn_implementation=attn_implementation).model
     from lightning.pytorch.cli import instantiate_module
 
+    from skiptrain.export import is_export
     from skiptrain.module import SkipLM, accept_schedule_families
+    from skiptrain.runs import load_weights
 
+    if is_export(path):
+        module = SkipLM(model=str(path), attn_implementation=attn_implementation)
+        load_weights(module, ckpt_path=None)
+        return module.model  # exports hold merged weights, or load_exported merges the adapter
     hparams = dict(checkpoint_metadata(path).get("hyper_parameters") or {})
     if "model" not in hparams or "schedule" not in hparams:
         raise CheckpointError(f"checkpoint {str(path)!r} has no SkipLM hyper-parameters (model, schedule)")
@@ -34,8 +36,7 @@ def trained_model(path: str | os.PathLike, attn_implementation: str = "sdpa") ->
         module = instantiate_module(SkipLM, hparams)
     else:
         module = SkipLM(**hparams)
-    module.configure_model()
-    module.load_state_dict(consolidate_checkpoint(path, reference=module))
+    load_weights(module, ckpt_path=str(path))
     model = module.model
     return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
 

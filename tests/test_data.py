@@ -1,4 +1,4 @@
-"""Tests for skiptrain.data and skiptrain.builtin_task (offline, CPU, a few seconds)."""
+"""Tests for skiptrain.data, .tasks, .encoding, .batch and .builtin_task (offline, CPU, a few seconds)."""
 
 from __future__ import annotations
 
@@ -21,23 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 
+from skiptrain.batch import IGNORE_INDEX, Collator, collate  # noqa: E402
 from skiptrain.builtin_task import STYLES, build_builtin_dataset, format_mr, parse_mr, render, sample_record  # noqa: E402
-from skiptrain.data import (  # noqa: E402
-    IGNORE_INDEX,
-    TASKS,
-    Collator,
-    SkipDataModule,
-    collate,
-    encode_pairs,
-    encode_prompts,
-    get_task_spec,
-    group_into_blocks,
-    group_references,
-    infer_builder,
-    prepare_tokenizer,
-    resolve_columns,
-    special_token_counts,
-)
+from skiptrain.data import SkipDataModule, group_references, infer_builder, resolve_columns  # noqa: E402
+from skiptrain.encoding import encode_pairs, encode_prompts, group_into_blocks, special_token_counts  # noqa: E402
+from skiptrain.forward import position_ids_from_mask
+from skiptrain.models import prepare_tokenizer  # noqa: E402
+from skiptrain.tasks import TASKS, get_task_spec  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 E2E_TRAIN = SHARED_DATA / "e2e" / "subsets" / "trainset_64.csv"
@@ -211,8 +201,10 @@ def test_collate_exact_layout() -> None:
         [m, m, m, 22, 23, 24, EOS],
         [m, m, m, EOS, m, m, m],
     ]
-    # positions count real tokens only (left pads do not shift them; right pads are never attended)
-    assert batch["position_ids"].tolist() == [
+    # the forward derives positions from the mask: they count real tokens only (left pads do not shift them; right
+    # pads are never attended), so the batch carries no positions of its own
+    assert "position_ids" not in batch
+    assert position_ids_from_mask(batch["attention_mask"]).tolist() == [
         [0, 1, 2, 3, 4, 4, 4],
         [0, 0, 0, 1, 2, 3, 4],
         [0, 0, 1, 2, 2, 2, 2],

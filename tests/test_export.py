@@ -24,16 +24,17 @@ from skiptrain.export import (
     CONFIG_KEY,
     SCHEDULE_FILE,
     ExportError,
-    ExportInfo,
     check_exported_weights,
     check_tensors,
     read_skip_schedule,
     write_export,
 )
+from skiptrain.inference import read_prompts
 from skiptrain.models import load_causal_lm, load_tokenizer
 from skiptrain.module import SkipLM
+from skiptrain.record import ExportRecord
 from skiptrain.schedules import SkipDecode
-from skiptrain.trainer import SkipTrainer, read_prompts
+from skiptrain.trainer import SkipTrainer
 
 CONTRACT_KEYS = {"format", "schema_version", "producer", "num_layers", "family", "params", "position",
                  "prompt_layers", "executed_layers", "nested", "mean_layers_per_token", "trained_with_schedule",
@@ -327,14 +328,14 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(plain_model, tmp_
     target.mkdir()
     (target / "keep.txt").write_text("precious")
     with pytest.raises(ExportError, match="exists and is not empty.*overwrite"):
-        write_export(model, tokenizer, schedule, target, ExportInfo(model_dir))
+        write_export(model, tokenizer, schedule, target, ExportRecord(model_dir))
     assert (target / "keep.txt").read_text() == "precious"
-    write_export(model, tokenizer, schedule, target, ExportInfo(model_dir), overwrite=True)
+    write_export(model, tokenizer, schedule, target, ExportRecord(model_dir), overwrite=True)
     assert not (target / "keep.txt").exists() and (target / SCHEDULE_FILE).is_file()
     assert leftovers(tmp_path) == []
     empty = tmp_path / "empty"
     empty.mkdir()
-    write_export(model, tokenizer, schedule, empty, ExportInfo(model_dir))  # an empty directory is fine
+    write_export(model, tokenizer, schedule, empty, ExportRecord(model_dir))  # an empty directory is fine
     assert (empty / SCHEDULE_FILE).is_file()
 
 
@@ -352,14 +353,14 @@ def test_export_callback_refuses_a_non_empty_directory_before_training(tiny_mode
 def test_adapter_only_needs_lora(plain_model, tmp_path):
     model, tokenizer, schedule, model_dir = plain_model
     with pytest.raises(ExportError, match="adapter_only=True needs a LoRA model"):
-        write_export(model, tokenizer, schedule, tmp_path / "out", ExportInfo(model_dir), adapter_only=True)
+        write_export(model, tokenizer, schedule, tmp_path / "out", ExportRecord(model_dir), adapter_only=True)
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
 
 
 def test_interrupted_export_leaves_nothing_and_keeps_the_old_export(plain_model, tmp_path, monkeypatch):
     model, tokenizer, schedule, model_dir = plain_model
     old = tmp_path / "old"
-    write_export(model, tokenizer, schedule, old, ExportInfo(model_dir))
+    write_export(model, tokenizer, schedule, old, ExportRecord(model_dir))
     before = sorted(p.name for p in old.iterdir())
 
     def crash(*args, **kwargs):
@@ -367,9 +368,9 @@ def test_interrupted_export_leaves_nothing_and_keeps_the_old_export(plain_model,
 
     monkeypatch.setattr(type(tokenizer), "save_pretrained", crash)
     with pytest.raises(RuntimeError, match="disk full"):
-        write_export(model, tokenizer, schedule, tmp_path / "new", ExportInfo(model_dir))
+        write_export(model, tokenizer, schedule, tmp_path / "new", ExportRecord(model_dir))
     with pytest.raises(RuntimeError, match="disk full"):
-        write_export(model, tokenizer, schedule, old, ExportInfo(model_dir), overwrite=True)
+        write_export(model, tokenizer, schedule, old, ExportRecord(model_dir), overwrite=True)
     assert not (tmp_path / "new").exists()
     assert sorted(p.name for p in old.iterdir()) == before
     assert leftovers(tmp_path) == []
@@ -379,7 +380,7 @@ def test_export_with_an_empty_tensor_fails_and_leaves_nothing(plain_model, tmp_p
     model, tokenizer, schedule, model_dir = plain_model
     model.model.layers[1].mlp.down_proj.weight = torch.nn.Parameter(torch.empty(32, 0))
     with pytest.raises(ExportError, match=r"empty \(zero-element\): model\.layers\.1\.mlp\.down_proj\.weight"):
-        write_export(model, tokenizer, schedule, tmp_path / "out", ExportInfo(model_dir))
+        write_export(model, tokenizer, schedule, tmp_path / "out", ExportRecord(model_dir))
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
 
 

@@ -26,6 +26,7 @@ import skiptrain
 from skiptrain import generate
 from skiptrain.data import SkipDataModule
 from skiptrain.models import load_causal_lm, load_tokenizer
+from skiptrain.speedup import ideal_speedup, mean_executed_layers
 from skiptrain.warm_start import trained_model
 
 TEST_FILE = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
@@ -70,21 +71,20 @@ def main() -> None:
     schedule = schedule_family(args.decode_schedule).build(model.config.num_hidden_layers)
     batches = test_batches(args.data, batch_size=8, task=args.task, max_source_tokens=args.max_source_tokens)
 
-    predictions, references, layers_run, tokens, started = [], [], 0, 0, time.perf_counter()
+    predictions, references, lengths, started = [], [], [], time.perf_counter()
     for batch in batches:
         out = generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
                        max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                        pad_token_id=tokenizer.pad_token_id)
         predictions += out.texts(tokenizer)
-        layers_run += sum(schedule.layers_run(n) for n in out.lengths.tolist())
-        tokens += int(out.lengths.sum())
+        lengths += out.lengths.tolist()
         references += batch["references"]
     quality_seconds = time.perf_counter() - started
 
     bleu = SacreBLEUScore()(predictions, references).item()
     rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL"))(predictions, references)
 
-    mean_layers = layers_run / max(tokens, 1)
+    mean_layers = mean_executed_layers(schedule, lengths)
     result = {
         "name": args.name,
         "checkpoint": args.checkpoint or f"{BASE_MODEL} (no fine-tuning)",
@@ -95,9 +95,9 @@ def main() -> None:
         "rouge_l": rouge["rougeL_fmeasure"].item(),
         "rouge_1": rouge["rouge1_fmeasure"].item(),
         "rouge_2": rouge["rouge2_fmeasure"].item(),
-        "mean_generated_tokens": tokens / max(len(predictions), 1),
+        "mean_generated_tokens": sum(lengths) / len(lengths),
         "mean_layers_per_generated_token": mean_layers,
-        "ideal_speedup_over_generated_tokens": schedule.num_layers / mean_layers if tokens else None,
+        "ideal_speedup_over_generated_tokens": ideal_speedup(schedule, lengths),
         "nominal_ideal_speedup": schedule.ideal_speedup(),
         "nominal_span_tokens": schedule.span,
         "quality_decoding_seconds": quality_seconds,

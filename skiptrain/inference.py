@@ -1,0 +1,249 @@
+"""Batched completion of raw prompts with the skip-aware front-end, and what it costs (``skiptrain generate``).
+
+Prompts are read (:func:`read_prompts`), tokenised as training tokenises prompts
+(:func:`~skiptrain.encoding.tokenize_prompts`), left-padded per batch by the batch contract
+(:func:`~skiptrain.batch.collate_prompts`) and decoded by :func:`~skiptrain.generation.generate`. The cost is
+reported in :class:`DecodeStats`: wall time, and the mean executed decoder layers and ideal speedup over the
+tokens actually generated (:mod:`skiptrain.speedup`). This module needs no data pipeline (``datasets``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+from skiptrain.batch import collate_prompts
+from skiptrain.encoding import tokenize_prompts
+from skiptrain.generation import SamplingConfig, generate
+from skiptrain.schedules import Dense, SkipSchedule
+from skiptrain.speedup import cost_summary, ideal_speedup, mean_executed_layers
+
+STDIO = "-"
+WARM_UP_TOKENS = 2
+
+
+# -- prompts ---------------------------------------------------------------------------------------------------------
+def read_prompts(path: str, stdin: TextIO | None = None) -> list[str]:
+    """Prompts from a ``.jsonl`` file (a ``prompt`` field per line), a text file (one prompt per line) or stdin.
+
+    Stdin (``path == "-"``) is read as JSON lines when its first non-blank line starts with ``{``, else as text.
+
+    Raises:
+        ValueError: naming the line of a malformed JSON line, a line without a string ``prompt``, or an empty prompt.
+    """
+    if path == STDIO:
+        text, origin = (stdin or sys.stdin).read(), "stdin"
+        as_json = text.lstrip().startswith("{")
+    else:
+        text, origin = Path(path).read_text(), path
+        as_json = Path(path).suffix.lower() in (".jsonl", ".json")
+    prompts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if as_json:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{origin} line {number}: not valid JSON: {err}") from err
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise ValueError(f"{origin} line {number}: expected an object with a string 'prompt' field")
+            line = record["prompt"]
+        if not line.strip():
+            raise ValueError(f"{origin} line {number}: empty prompt")
+        prompts.append(line)
+    if not prompts:
+        raise ValueError(f"{origin}: no prompts")
+    return prompts
+
+
+def prompt_batches(tokenizer: Any, prompts: Sequence[str], batch_size: int) -> Iterator[dict[str, Any]]:
+    """Batches of ``batch_size`` raw prompts, tokenised and left-padded as training batches hold prompts.
+
+    Raises:
+        ValueError: If ``batch_size < 1``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} is invalid: allowed >= 1")
+    prompt_ids = tokenize_prompts(tokenizer, prompts)
+    for start in range(0, len(prompt_ids), batch_size):
+        yield collate_prompts(prompt_ids[start:start + batch_size], tokenizer.pad_token_id)
+
+
+# -- completions and their cost ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Completion:
+    """One generated completion (a line of ``generate``'s JSON-lines output)."""
+
+    prompt: str
+    completion: str
+    num_tokens: int
+    """Generated tokens, the end-of-sequence token included."""
+    token_ids: list[int]
+    """The generated token ids (``num_tokens`` of them)."""
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """Cost of decoding a set of prompts under one schedule.
+
+    Args:
+        schedule: The schedule the prompts were decoded with.
+        lengths: Tokens generated per prompt.
+        seconds: Wall time of the decoding calls.
+    """
+
+    schedule: SkipSchedule
+    lengths: tuple[int, ...]
+    seconds: float
+
+    @property
+    def num_tokens(self) -> int:
+        """Generated tokens, over all prompts."""
+        return sum(self.lengths)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def mean_layers_per_token(self) -> float:
+        """Mean executed decoder layers per generated token, over the tokens generated."""
+        return mean_executed_layers(self.schedule, self.lengths)
+
+    @property
+    def ideal_speedup(self) -> float:
+        """Decoder layers / :attr:`mean_layers_per_token`, over the tokens generated (see :mod:`skiptrain.speedup`)."""
+        return ideal_speedup(self.schedule, self.lengths)
+
+
+def complete(
+    model: nn.Module,
+    tokenizer: Any,
+    schedule: SkipSchedule,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    batch_size: int = 8,
+    sampling: SamplingConfig | None = None,
+    device: torch.device | str = "cpu",
+    context: Callable[[], AbstractContextManager] = nullcontext,
+) -> tuple[list[Completion], DecodeStats]:
+    """Generate completions of ``prompts`` in batches of ``batch_size`` with the skip-aware front-end.
+
+    Batches come from :func:`prompt_batches`; decoding is :func:`~skiptrain.generation.generate`, inside a fresh
+    ``context()`` per batch (e.g. the precision plugin's autocast).
+
+    Returns:
+        The completions in prompt order, and the decoding cost (wall time of the decoding calls only).
+    """
+    completions: list[Completion] = []
+    seconds = 0.0
+    for batch in prompt_batches(tokenizer, prompts, batch_size):
+        started = time.perf_counter()
+        with context():
+            out = generate(model, batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device),
+                           schedule, max_new_tokens=max_new_tokens, sampling=sampling,
+                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds += time.perf_counter() - started
+        rows = zip(out.tokens.tolist(), out.lengths.tolist(), out.texts(tokenizer), strict=True)
+        for row, n, text in rows:
+            completions.append(Completion(prompts[len(completions)], text, n, row[:n]))  # batches keep order
+    return completions, DecodeStats(schedule, tuple(c.num_tokens for c in completions), seconds)
+
+
+# -- the speed comparison --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GenerationReport:
+    """What ``skiptrain generate`` produced and measured."""
+
+    completions: list[Completion]
+    schedule: SkipSchedule
+    """The schedule the completions were decoded with (dense with ``--dense``)."""
+    stats: DecodeStats
+    dense_stats: DecodeStats | None = None
+    """Dense decoding of the same prompts (with ``--compare_dense``)."""
+
+    @property
+    def measured_speedup(self) -> float | None:
+        """Tokens/s under the schedule over tokens/s of dense decoding of the same prompts."""
+        return None if self.dense_stats is None else self.stats.tokens_per_s / self.dense_stats.tokens_per_s
+
+    def summary(self) -> str:
+        lines = [
+            f"skiptrain generate: {len(self.completions)} prompts, {self.stats.num_tokens} tokens in "
+            f"{self.stats.seconds:.2f} s ({self.stats.tokens_per_s:.1f} tokens/s), schedule {self.schedule.family}: "
+            + cost_summary(self.schedule, self.stats.lengths)
+        ]
+        if self.dense_stats is not None:
+            lines.append(
+                f"dense decoding of the same prompts: {self.dense_stats.num_tokens} tokens in "
+                f"{self.dense_stats.seconds:.2f} s ({self.dense_stats.tokens_per_s:.1f} tokens/s); measured speedup "
+                f"{self.measured_speedup:.2f}x (ideal {self.stats.ideal_speedup:.2f}x over the generated tokens)"
+            )
+        return "\n".join(lines)
+
+
+def generate_report(
+    model: nn.Module,
+    tokenizer: Any,
+    schedule: SkipSchedule,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    dense: bool = False,
+    compare_dense: bool = False,
+    **settings: Any,
+) -> GenerationReport:
+    """Complete ``prompts`` under ``schedule`` (every layer with ``dense``), after a short warm-up decode.
+
+    Args:
+        model: The causal LM, on its device.
+        tokenizer: Its tokenizer (left-padding).
+        schedule: The skip schedule.
+        prompts: Raw prompts.
+        max_new_tokens: Tokens generated per prompt at most.
+        dense: Decode with every layer, ignoring the schedule.
+        compare_dense: Also decode the same prompts densely, for the measured speedup.
+        settings: ``batch_size``, ``sampling``, ``device``, ``context`` of :func:`complete`.
+    """
+    full = Dense().build(schedule.num_layers)
+    used = full if dense else schedule
+    complete(model, tokenizer, used, prompts[:1], WARM_UP_TOKENS, **settings)
+    completions, stats = complete(model, tokenizer, used, prompts, max_new_tokens, **settings)
+    dense_stats = complete(model, tokenizer, full, prompts, max_new_tokens, **settings)[1] if compare_dense else None
+    return GenerationReport(completions, used, stats, dense_stats)
+
+
+def write_completions(completions: Sequence[Completion], path: str, stdout: TextIO | None = None) -> None:
+    """Write JSON lines (``prompt``, ``completion``, ``num_tokens``, ``token_ids``) to a file or stdout (``-``)."""
+    text = "".join(json.dumps(asdict(c), ensure_ascii=False) + "\n" for c in completions)
+    if path == STDIO:
+        (stdout or sys.stdout).write(text)
+        (stdout or sys.stdout).flush()
+    else:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+
+
+__all__ = [
+    "STDIO",
+    "Completion",
+    "DecodeStats",
+    "GenerationReport",
+    "complete",
+    "generate_report",
+    "prompt_batches",
+    "read_prompts",
+    "write_completions",
+]
