@@ -208,7 +208,8 @@ def test_paper_recipes_run_with_a_tiny_stand_in(recipe, tiny_model_dir, tmp_path
     family and layer count and a tiny local copy of its task's data: one training and one validation step."""
     config = yaml.safe_load(recipe.read_text())
     family = "opt" if "opt" in config["model"]["model"] else "llama"
-    num_layers = {"facebook/opt-1.3b": 24, "facebook/opt-6.7b": 32, "meta-llama/Llama-3.2-1B": 16}[
+    num_layers = {"facebook/opt-1.3b": 24, "facebook/opt-6.7b": 32, "meta-llama/Llama-3.2-1B": 16,
+                  "smollm2-135m-instruct": 30}[
         config["model"]["model"]]
     data = write_task_files(config["data"]["task"], tmp_path / "data")
     cli = main(["fit", "--config", str(recipe),
@@ -222,3 +223,27 @@ def test_paper_recipes_run_with_a_tiny_stand_in(recipe, tiny_model_dir, tmp_path
     assert cli.trainer.global_step == 1
     assert cli.model.schedule.params["max_layers"] == config["model"]["schedule"]["init_args"]["max_layers"]
     assert torch.isfinite(cli.trainer.callback_metrics["val/loss_skip"])
+
+
+STUDY = ROOT / "benchmarks" / "e2e"
+
+
+@pytest.mark.parametrize(("fragment", "schedule"), [
+    ("smollm2-135m_e2e_2x.yaml", "skipdecode2x"),
+    ("smollm2-135m_e2e_3x.yaml", "skipdecode3x"),
+])
+def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragment, schedule):
+    """The user recipe (hub data) plus the study's local-data fragment resolves to the study row's training."""
+    recipe = _parse(["--config", str(ROOT / "recipes/smollm2-135m_e2e.yaml"), "--config", str(STUDY / "local_data.yaml"),
+                     "--config", str(ROOT / "recipes/fragments" / fragment)])
+    study = _parse(["--config", str(STUDY / "train_base.yaml"), "--config", str(STUDY / f"schedule_{schedule}.yaml"),
+                    "--config", str(ROOT / "benchmarks/levers/lora_all_r64.yaml")])
+
+    def training(cli) -> dict:
+        model = {k: v for k, v in cli.model.hparams.items() if k != "generation"}  # generation is evaluation only
+        trainer = {k: getattr(cli.trainer, k) for k in ("max_epochs", "max_steps", "accumulate_grad_batches",
+                                                          "gradient_clip_val", "precision")}
+        return {"model": model, "data": dict(cli.datamodule.hparams), "trainer": trainer,
+                "seed": cli.config["seed_everything"]}
+
+    assert training(recipe) == training(study)

@@ -1,0 +1,74 @@
+"""Tabulate a quality-at-speed study (benchmarks/study.sh) from its scores and training logs.
+
+    python benchmarks/study_report.py e2e --ceiling dense+lora_all_r64 > benchmarks/results/e2e/study_table.md
+
+Reads ``benchmarks/results/STUDY/study/NAME.{dev,test}.json`` (written by study.sh) and, for each trained run,
+``runs/STUDY/NAME`` (wall time, final validation losses under the run's schedule and dense). When the run
+directory is gone, the training columns come from ``NAME.train.json`` beside the scores, which ``--record``
+writes, so the table can be rebuilt from the committed results alone. Shares of the ceiling are of its BLEU
+(E2E) or ROUGE-L (summarisation) on the same split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+RESULTS = Path("benchmarks/results")
+RUNS = Path("runs")
+
+
+def training_summary(study: str, name: str) -> dict | None:
+    """Wall time and final validation losses of a run, from its run directory or the recorded copy."""
+    recorded = RESULTS / study / "study" / f"{name}.train.json"
+    run = RUNS / study / name
+    if not (run / "wall_seconds").is_file():
+        return json.loads(recorded.read_text()) if recorded.is_file() else None
+    rows = list(csv.DictReader(next(run.glob("lightning_logs/version_*/metrics.csv")).open()))
+    final = [r for r in rows if r.get("val/loss_skip")][-1]
+    steps = max(int(r["step"]) for r in rows) + 1
+    return {"wall_seconds": int((run / "wall_seconds").read_text()), "steps": steps,
+            "val_loss_schedule": float(final["val/loss_skip"]), "val_loss_dense": float(final["val/loss_dense"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("study")
+    parser.add_argument("--ceiling", required=True, help="the dense run the shares are of")
+    parser.add_argument("--metric", default="bleu", help="bleu (E2E) or rouge_l")
+    parser.add_argument("--record", action="store_true", help="also write NAME.train.json beside the scores")
+    args = parser.parse_args()
+    folder = RESULTS / args.study / "study"
+    scores: dict[str, dict[str, dict]] = {}
+    for path in sorted(folder.glob("*.dev.json")) + sorted(folder.glob("*.test.json")):
+        name, split = path.name.rsplit(".", 2)[:2]
+        scores.setdefault(name, {})[split] = json.loads(path.read_text())
+    ceiling = scores[args.ceiling]
+    print(f"| run | dev {args.metric} | test {args.metric} | test share of ceiling | test ROUGE-L | test ROUGE-1/2 "
+          "| mean layers / generated token (test) | ideal speedup over generated tokens | nominal ideal "
+          "| dev loss: schedule / dense | train minutes |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, splits in sorted(scores.items(), key=lambda item: -item[1].get("dev", {}).get(args.metric, 0)):
+        dev, test = splits.get("dev"), splits.get("test")
+        trained = training_summary(args.study, name.split("@")[0])
+        if args.record and trained is not None and "@" not in name:
+            (folder / f"{name}.train.json").write_text(json.dumps(trained, indent=2) + "\n")
+
+        def value(split, key, scale=100.0, digits=1):
+            return f"{split[key] * scale:.{digits}f}" if split and split.get(key) is not None else "-"
+
+        share = (f"{100 * test[args.metric] / ceiling['test'][args.metric]:.0f}%"
+                 if test and "test" in ceiling else "-")
+        losses = (f"{trained['val_loss_schedule']:.3f} / {trained['val_loss_dense']:.3f}" if trained else "-")
+        minutes = f"{trained['wall_seconds'] / 60:.0f}" if trained else "-"
+        print(f"| {name} | {value(dev, args.metric)} | {value(test, args.metric)} | {share} | "
+              f"{value(test, 'rouge_l')} | {value(test, 'rouge_1')}/{value(test, 'rouge_2')} | "
+              f"{value(test, 'mean_layers_per_generated_token', 1.0)} | "
+              f"{value(test, 'ideal_speedup_over_generated_tokens', 1.0, 2)}x | "
+              f"{value(test, 'nominal_ideal_speedup', 1.0, 2)}x | {losses} | {minutes} |")
+
+
+if __name__ == "__main__":
+    main()
