@@ -13,12 +13,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, TextStreamer, pipeline
 
-from skiptrain import Dense, SamplingConfig, SkipDecode, generate, load_exported, skip_forward
+from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forward
 from skiptrain.custom_generate import DECODER_LAYERS, SkipScheduleError, decoder_layers
-from skiptrain.export import CUSTOM_GENERATE_FILE, write_export
+from skiptrain.export import CUSTOM_GENERATE_FILE
 from skiptrain.families import FAMILIES
 from skiptrain.models import load_causal_lm, load_tokenizer
-from skiptrain.record import ExportRecord
 
 HF_FAMILIES = ("llama", "qwen2", "opt", "gpt2")
 PROMPTS = [
@@ -27,24 +26,11 @@ PROMPTS = [
     "Describe the restaurant in one sentence. Attributes: name[The Eagle] Sentence:",
 ]
 NEW_TOKENS = 10
-SCHEDULE = SkipDecode(max_layers=5, min_layers=2, decay_tokens=4)  # 6 layers: 5, 4, 3, 3, 2, 2, ... per token
 
 
-@pytest.fixture(scope="module")
-def export(tiny_model_dir, tmp_path_factory):
-    """``export(family)``: a merged export of a tiny 6-layer model with :data:`SCHEDULE`; cached."""
-    made = {}
-
-    def make(family: str) -> Path:
-        if family not in made:
-            model_dir = tiny_model_dir(family, 6)
-            target = tmp_path_factory.mktemp(f"export_{family}") / "export"
-            write_export(load_causal_lm(model_dir), load_tokenizer(model_dir), SCHEDULE.build(6), target,
-                         ExportRecord(model_dir))
-            made[family] = target
-        return made[family]
-
-    return make
+@pytest.fixture
+def export(skip_export):
+    return skip_export
 
 
 def hf_skip_model(path: Path) -> AutoModelForCausalLM:
