@@ -109,8 +109,9 @@ def main() -> None:
     for batch, batch_passes in zip(batches, passes, strict=True):
         ids = torch.randint(3, model.config.vocab_size, (batch, args.prompt_length), generator=generator)
         ids = ids.to(args.device)
-        hf, own = decode("hf_skip", ids, 16), decode("skiptrain_skip", ids, 16)
-        assert torch.equal(hf, own), "the custom generate decodes what skiptrain decodes"  # also the warm-up
+        hf, own = decode("hf_skip", ids, 16), decode("skiptrain_skip", ids, 16)  # also the warm-up
+        agreement = (hf == own).float().mean().item()  # bf16 rounding may flip a near tie
+        assert agreement == 1 or args.dtype != "float32", "the custom generate decodes what skiptrain decodes"
         for frontend in ("hf_dense", "skiptrain_dense"):
             decode(frontend, ids, 2)
         seconds: dict[str, list[float]] = {name: [] for name in FRONTENDS}
@@ -120,7 +121,7 @@ def main() -> None:
                 print(f"batch {batch} {name}: {seconds[name][-1]:.2f} s", flush=True)
         best = {name: min(times) for name, times in seconds.items()}
         tokens = batch * args.new_tokens
-        row = {"passes": batch_passes} | {f"{name}_tokens_per_s": tokens / best[name] for name in FRONTENDS}
+        row = {"passes": batch_passes, "hf_skip_token_agreement_first_16": agreement} | {f"{name}_tokens_per_s": tokens / best[name] for name in FRONTENDS}
         row |= {
             "skiptrain_skip_speedup": best["skiptrain_dense"] / best["skiptrain_skip"],
             "hf_skip_speedup": best["hf_dense"] / best["hf_skip"],
@@ -139,8 +140,8 @@ def main() -> None:
 
 def table(results: dict) -> str:
     """The RESULTS.md table of a results file."""
-    lines = ["| batch (passes) | HF dense | skiptrain dense | skiptrain 2x | HF `custom_generate` 2x | skiptrain 2x speedup "
-             "(of limit) | HF 2x speedup (of limit) | skiptrain dense / HF dense | HF 2x / skiptrain 2x |",
+    lines = ["| batch (passes) | HF dense | skiptrain dense | skiptrain 2x | HF `custom_generate` 2x | skiptrain 2x "
+             "speedup (of limit) | HF 2x speedup (of limit) | skiptrain dense / HF dense | HF 2x / skiptrain 2x |",
              "|---|---|---|---|---|---|---|---|---|"]
     for batch, r in results["batches"].items():
         lines.append(

@@ -17,7 +17,7 @@ from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forwa
 from skiptrain.custom_generate import DECODER_LAYERS, SkipScheduleError, decoder_layers
 from skiptrain.export import CUSTOM_GENERATE_FILE
 from skiptrain.families import FAMILIES
-from skiptrain.models import load_causal_lm, load_tokenizer
+from skiptrain.models import load_tokenizer
 
 HF_FAMILIES = ("llama", "qwen2", "opt", "gpt2")
 PROMPTS = [
