@@ -165,24 +165,25 @@ def skipping(model: nn.Module, prompt_length: int) -> Iterator[ColumnGate]:
             vars(layer).pop("forward", None)
 
 
-def _prompt(inputs: torch.Tensor | None, kwargs: dict[str, Any]) -> torch.Tensor:
-    for value in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")):
+def _prompt(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
+    for value in (*args[:1], kwargs.get("inputs"), kwargs.get("input_ids"), kwargs.get("inputs_embeds")):
         if value is not None:
             return value
     raise SkipScheduleError("generate() under the skip schedule needs the prompt: pass input_ids (or inputs_embeds)")
 
 
-def generate(model: nn.Module, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
+def generate(*args: Any, model: nn.Module, **kwargs: Any) -> Any:
     """transformers' ``generate`` with every decoder layer run only for the columns whose executed set holds it.
 
-    Takes and returns exactly what ``GenerationMixin.generate`` does. Prompts must be left-padded (every row's
-    prompt ends at the last input column) and decoding must start from an empty cache.
+    Takes (besides ``model``, which transformers passes by keyword) and returns exactly what
+    ``GenerationMixin.generate`` does. Prompts must be left-padded (every row's prompt ends at the last input
+    column) and decoding must start from an empty cache.
 
     Raises:
         SkipScheduleError: for a malformed schedule, an unsupported family, right padding, a non-empty cache passed
             in, or a forward call whose columns need different layer sets.
     """
-    prompt = _prompt(inputs, kwargs)
+    prompt = _prompt(args, kwargs)
     mask = kwargs.get("attention_mask")
     if mask is not None and not bool(mask[:, -1].all()):
         raise SkipScheduleError("attention_mask has padding in its last column: allowed only left-padded prompts "
@@ -192,4 +193,4 @@ def generate(model: nn.Module, inputs: torch.Tensor | None = None, **kwargs: Any
         raise SkipScheduleError("a non-empty cache was passed: allowed only decoding from an empty cache, where "
                                 "generated indices count from the end of the prompt")
     with skipping(model, prompt.shape[1]):
-        return GenerationMixin.generate(model, inputs, **kwargs)
+        return GenerationMixin.generate(model, *args, **kwargs)

@@ -130,13 +130,17 @@ def test_a_streamer_receives_skiptrains_text(export, family, capsys):
     assert streamed.strip() == expected.texts(tokenizer)[0] and streamed.strip()
 
 
-def test_pipeline_and_the_custom_generate_argument_decode_under_the_schedule(export):
+def test_positional_prompts_the_pipeline_and_the_custom_generate_argument_decode_under_the_schedule(export):
     path = export("qwen2")
     tokenizer = load_tokenizer(str(path))
     batch = prompt_batch(tokenizer, PROMPTS[:1])
     expected, _ = reference(path, batch)
     generated = expected.tokens[0, : expected.lengths[0]].tolist()
-    pipe = pipeline("text-generation", model=hf_skip_model(path), tokenizer=tokenizer)
+    model = hf_skip_model(path)
+    positional = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], do_sample=False,
+                                max_new_tokens=NEW_TOKENS)  # the prompt as generate's first positional argument
+    assert positional[0, batch["input_ids"].shape[1]:].tolist() == generated
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
     (result,) = pipe(PROMPTS[0], max_new_tokens=NEW_TOKENS, do_sample=False, return_tensors=True)
     assert result["generated_token_ids"][batch["input_ids"].shape[1]:] == generated
     dense = AutoModelForCausalLM.from_pretrained(path).eval()  # no trust_remote_code: transformers' own generate
