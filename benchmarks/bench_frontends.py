@@ -121,7 +121,8 @@ def main() -> None:
                 print(f"batch {batch} {name}: {seconds[name][-1]:.2f} s", flush=True)
         best = {name: min(times) for name, times in seconds.items()}
         tokens = batch * args.new_tokens
-        row = {"passes": batch_passes, "hf_skip_token_agreement_first_16": agreement} | {f"{name}_tokens_per_s": tokens / best[name] for name in FRONTENDS}
+        row = {"passes": batch_passes, "hf_skip_token_agreement_first_16": agreement}
+        row |= {f"{name}_tokens_per_s": tokens / best[name] for name in FRONTENDS}
         row |= {
             "skiptrain_skip_speedup": best["skiptrain_dense"] / best["skiptrain_skip"],
             "hf_skip_speedup": best["hf_dense"] / best["hf_skip"],
