@@ -139,6 +139,7 @@ class ColumnGate:
                 return forward(*args, **kwargs)
             return args[0] if args else kwargs["hidden_states"]
 
+        run_or_skip.skip_gate = True
         return run_or_skip
 
 
@@ -150,7 +151,8 @@ def skipping(model: nn.Module, prompt_length: int) -> Iterator[ColumnGate]:
     if len(layers) != model.config.num_hidden_layers:
         raise SkipScheduleError(f"the model has {len(layers)} decoder layers but config.json num_hidden_layers="
                                 f"{model.config.num_hidden_layers}")
-    if any("forward" in vars(layer) for layer in layers):
+    own = [vars(layer).get("forward") for layer in layers]  # instance-level forwards, e.g. accelerate's hooks
+    if any(getattr(forward, "skip_gate", False) for forward in own):
         raise SkipScheduleError("the decoder layers are already gated: generate() under the skip schedule does not "
                                 "nest (an assistant model must be another model object)")
     gate = ColumnGate(prompt_length, prompt_layers, table)
@@ -161,8 +163,11 @@ def skipping(model: nn.Module, prompt_length: int) -> Iterator[ColumnGate]:
         yield gate
     finally:
         hook.remove()
-        for layer in layers:
-            vars(layer).pop("forward", None)
+        for layer, forward in zip(layers, own, strict=True):
+            if forward is None:
+                vars(layer).pop("forward", None)
+            else:
+                layer.forward = forward
 
 
 def _prompt(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:

@@ -203,6 +203,24 @@ def test_calls_it_cannot_apply_exactly_are_refused(export):
         decoder_layers(model)
 
 
+def test_a_forward_set_on_a_layer_instance_is_gated_and_then_restored(export):
+    """Hooks such as accelerate's (``device_map``) replace ``layer.forward`` on the instance; they are kept."""
+    path = export("llama")
+    model = hf_skip_model(path)
+    layer = decoder_layers(model)[2]
+    calls, original = [], layer.forward
+
+    def hooked(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    layer.forward = hooked
+    model.generate(**prompt_batch(load_tokenizer(str(path))), max_new_tokens=NEW_TOKENS, do_sample=False)
+    schedule = load_exported(path).schedule  # the last token generated is never fed back
+    assert len(calls) == 1 + sum(2 in schedule.executed_layers(g) for g in range(NEW_TOKENS - 1)) < NEW_TOKENS
+    assert vars(layer)["forward"] is hooked
+
+
 def test_the_export_ships_a_self_contained_copy(export):
     shipped = export("llama") / CUSTOM_GENERATE_FILE
     source = Path(__import__("skiptrain.custom_generate").custom_generate.__file__)
