@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from skiptrain.export import SCHEDULE_FILE, is_export, read_skip_schedule
 from skiptrain.generation import generate
 from skiptrain.inference import prompt_batches
 from skiptrain.record import producer
@@ -90,11 +91,12 @@ def write_vectors(
     return vectors
 
 
-def read_vectors(path: str | os.PathLike) -> dict[str, Any]:
-    """A vectors file written by :func:`write_vectors`.
+def read_vectors(path: str | os.PathLike, export: str | os.PathLike | None = None) -> dict[str, Any]:
+    """A vectors file written by :func:`write_vectors`; with ``export``, checked to hold that export's schedule.
 
     Raises:
-        ConformanceError: naming the file when it is not JSON or not of this format and version.
+        ConformanceError: naming the file when it is not JSON, not of this format and version, or written for
+            another schedule than ``export``'s.
     """
     try:
         vectors = json.loads(Path(path).read_text())
@@ -103,6 +105,11 @@ def read_vectors(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(vectors, dict) or vectors.get("format") != FORMAT or vectors.get("version") != VERSION:
         raise ConformanceError(f"{path} is not a conformance vectors file: allowed format={FORMAT!r}, "
                                f"version={VERSION} (write one with `skiptrain conformance`)")
+    if export is not None and is_export(export):
+        schedule = read_skip_schedule(export)[0]
+        if SkipSchedule.from_dict(vectors["skip_schedule"]) != schedule:
+            raise ConformanceError(f"{path} was written for another schedule than {export}'s {SCHEDULE_FILE}: "
+                                   "allowed only vectors of the export under test")
     return vectors
 
 

@@ -183,7 +183,7 @@ class SkipTrainer(L.Trainer):
                 (default 1e-3); when checking, overrides it.
         """
         if check is not None:
-            report = check_outputs(read_vectors(vectors), read_outputs(check), margin)
+            report = check_outputs(read_vectors(vectors, model.model_name), read_outputs(check), margin)
             if not report.passed:
                 raise SystemExit(report.summary())
             rank_zero_info(report.summary())

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from skiptrain.cli import main
 from skiptrain.conformance import ConformanceError, check_outputs, read_outputs, read_vectors
 from skiptrain.export import read_skip_schedule
+from skiptrain.schedules import Dense
 
 PROMPTS = ["The council met on Monday", "Describe the restaurant in one sentence. Attributes: name[The Eagle]",
            "Expect sunshine in Lisbon"]
@@ -77,7 +78,7 @@ def test_a_tie_within_the_margin_passes_and_the_first_divergence_is_reported(got
     assert message in report.summary()
 
 
-def test_unreadable_files_are_refused_naming_the_line(tmp_path):
+def test_unreadable_files_are_refused_naming_the_line(skip_export, tmp_path):
     outputs = tmp_path / "engine.jsonl"
     outputs.write_text('{"id": 0, "token_ids": [1]}\n{"id": 0, "token_ids": [2]}\n')
     with pytest.raises(ConformanceError, match="engine.jsonl line 2: allowed one object per case"):
@@ -89,3 +90,7 @@ def test_unreadable_files_are_refused_naming_the_line(tmp_path):
     vectors.write_text(json.dumps({"format": "something else"}))
     with pytest.raises(ConformanceError, match="is not a conformance vectors file: allowed format='skiptrain"):
         read_vectors(vectors)
+    other = {"format": "skiptrain.conformance", "version": 1, "skip_schedule": Dense().build(6).to_dict()}
+    vectors.write_text(json.dumps(other))
+    with pytest.raises(ConformanceError, match="was written for another schedule than .*skip_schedule.json"):
+        read_vectors(vectors, skip_export("llama"))
