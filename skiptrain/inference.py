@@ -174,8 +174,11 @@ def parameter_counts(model: nn.Module) -> tuple[list[int], int]:
     """``(per decoder layer, LM head)`` parameter counts: what a decode step reads for each (see
     :func:`~skiptrain.speedup.parameter_read_speedup`)."""
     parts = decoder_parts(model)
-    count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
-    return [count(layer) for layer in parts.layers], count(parts.lm_head)
+    return [_num_parameters(layer) for layer in parts.layers], _num_parameters(parts.lm_head)
+
+
+def _num_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 @dataclass(frozen=True)
@@ -218,9 +221,8 @@ def compare_speed(
     Args:
         settings: ``batch_size``, ``sampling``, ``device``, ``context`` of :func:`complete`.
     """
-    timed = {used: complete(model, tokenizer, used, prompts, max_new_tokens, stop_at_eos=False, **settings)[1]
-             for used in (schedule, Dense().build(schedule.num_layers))}
-    skip, dense = timed.values()
+    skip, dense = (complete(model, tokenizer, used, prompts, max_new_tokens, stop_at_eos=False, **settings)[1]
+                   for used in (schedule, Dense().build(schedule.num_layers)))
     limit = parameter_read_speedup(schedule, skip.lengths, *parameter_counts(model))
     return SpeedComparison(skip, dense, limit)
 
