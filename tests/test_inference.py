@@ -14,10 +14,10 @@ from tiny_tokenizer import build_tiny_tokenizer
 from skiptrain.batch import collate
 from skiptrain.data import SkipDataModule
 from skiptrain.encoding import encode_pairs
-from skiptrain.inference import complete, generate_report, prompt_batches
+from skiptrain.inference import complete, generate_report, parameter_counts, prompt_batches
 from skiptrain.models import prepare_tokenizer
-from skiptrain.schedules import Dense, ScheduleError, SkipDecode
-from skiptrain.speedup import cost_summary, ideal_speedup, mean_executed_layers
+from skiptrain.schedules import Dense, ScheduleError, SkipDecode, SkipSchedule
+from skiptrain.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
 from skiptrain.tasks import SOURCE_PLACEHOLDER, fill_template
 
 PROMPTS = ["Write the weather forecast.\nData: city[Oslo]\nForecast:", "Monday", "The council met on Monday to"]
@@ -86,6 +86,33 @@ def test_decode_stats_count_the_tokens_actually_generated():
     assert stats.mean_layers_per_token == mean_executed_layers(schedule, stats.lengths)
     assert stats.ideal_speedup == ideal_speedup(schedule, stats.lengths)
     report = generate_report(model, tokenizer, schedule, PROMPTS, max_new_tokens=5, batch_size=2, compare_dense=True)
-    assert report.dense_stats.schedule == Dense().build(4) and report.dense_stats.mean_layers_per_token == 4
     assert f"(over {report.stats.num_tokens} generated tokens)" in report.summary()
-    assert "measured speedup" in report.summary()
+
+
+def test_the_dense_comparison_times_equal_work_against_the_parameter_read_limit():
+    tokenizer = prepare_tokenizer(build_tiny_tokenizer())
+    model = tiny_model("llama", num_layers=4, vocab_size=len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
+    schedule = SkipDecode(min_layers=2, decay_tokens=4).build(4)
+    report = generate_report(model, tokenizer, schedule, PROMPTS, max_new_tokens=7, batch_size=2, compare_dense=True)
+    timed = report.comparison
+    assert timed.skip.lengths == timed.dense.lengths == (7,) * len(PROMPTS)  # whatever the end-of-sequence tokens
+    assert timed.dense.schedule == Dense().build(4) and timed.skip.schedule == schedule
+    assert timed.measured_speedup == pytest.approx(timed.skip.tokens_per_s / timed.dense.tokens_per_s)
+    layers, head = parameter_counts(model)
+    assert len(layers) == 4 and head == len(tokenizer) * 32  # the LM head: vocab x hidden
+    per_token = schedule.mean_layers_per_token(7)
+    assert timed.parameter_read_limit == pytest.approx((4 * layers[0] + head) / (per_token * layers[0] + head))
+    assert 1 < timed.parameter_read_limit < timed.skip.ideal_speedup == schedule.ideal_speedup(7)
+    assert (f"measured speedup {timed.measured_speedup:.2f}x" in report.summary()
+            and f"parameter-read limit {timed.parameter_read_limit:.2f}x (LM head included; decoder layers alone "
+                f"{schedule.ideal_speedup(7):.2f}x)" in report.summary())
+
+
+def test_the_parameter_read_limit_counts_every_layer_a_token_runs():
+    schedule = SkipSchedule(num_layers=3, prompt_layers=(0, 1, 2), executed_layers_table=((0, 1, 2), (0, 2)))
+    # tokens: g=0 reads 1 + 10 + 100 + head 1000, g=1 and g=2 read 1 + 100 + 1000
+    assert parameter_read_speedup(schedule, [3], [1, 10, 100], 1000) == pytest.approx(
+        1111 / ((1111 + 1101 + 1101) / 3))
+    with pytest.raises(ScheduleError, match="layer_params has 2 entries: allowed one per decoder layer"):
+        parameter_read_speedup(schedule, [3], [1, 10], 1000)

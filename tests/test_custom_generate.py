@@ -1,0 +1,240 @@
+"""Plain transformers ``generate()`` under an export's schedule, through the export's ``custom_generate``: the same
+tokens and logits as skiptrain's decoder for every family, sampling, processors, streamers, beam search and the
+pipeline, layers outside ``E(g)`` never called, and dense loading untouched."""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, TextStreamer, pipeline
+
+from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forward
+from skiptrain.custom_generate import DECODER_LAYERS, SkipScheduleError, decoder_layers
+from skiptrain.export import CUSTOM_GENERATE_FILE
+from skiptrain.families import FAMILIES
+from skiptrain.models import load_tokenizer
+
+HF_FAMILIES = ("llama", "qwen2", "opt", "gpt2")
+PROMPTS = [
+    "Describe the weather in one sentence. Forecast: city[Oslo], day[Monday]",
+    "The council met",
+    "Describe the restaurant in one sentence. Attributes: name[The Eagle] Sentence:",
+]
+NEW_TOKENS = 10
+
+
+@pytest.fixture
+def export(skip_export):
+    return skip_export
+
+
+def hf_skip_model(path: Path) -> AutoModelForCausalLM:
+    return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+
+
+def prompt_batch(tokenizer, prompts=PROMPTS) -> dict[str, torch.Tensor]:
+    return dict(tokenizer(prompts, return_tensors="pt", padding=True))  # left-padded (prepare_tokenizer)
+
+
+def reference(path: Path, batch: dict, **kwargs):
+    """skiptrain's own decoder on the export: ``(output, tokenizer)``."""
+    model, schedule, tokenizer = load_exported(path)
+    out = generate(model, batch["input_ids"], batch["attention_mask"], schedule, max_new_tokens=NEW_TOKENS,
+                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **kwargs)
+    return out, tokenizer
+
+
+class Recorder(LogitsProcessor):
+    """A logits processor that keeps the scores it is given (and changes nothing)."""
+
+    def __init__(self) -> None:
+        self.seen: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.seen.append(scores.clone())
+        return scores
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+def test_greedy_generate_equals_skiptrain_tokens_and_logits(export, family):
+    path = export(family)
+    tokenizer = load_tokenizer(str(path))
+    batch = prompt_batch(tokenizer)
+    expected, _ = reference(path, batch, return_logits=True)
+    model = hf_skip_model(path)
+    assert "generate" in vars(model), "trust_remote_code=True installs the export's custom generate"
+    recorder = Recorder()
+    out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True,
+                         output_logits=True, logits_processor=LogitsProcessorList([recorder]))
+    prompt_length = batch["input_ids"].shape[1]
+    assert torch.equal(out.sequences[:, prompt_length:], expected.tokens)
+    torch.testing.assert_close(torch.stack(out.logits, 1), expected.logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.stack(recorder.seen, 1), expected.logits, atol=1e-4, rtol=0)  # processors see them
+    dense = load_exported(path).model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                               return_dict_in_generate=True, output_logits=True)
+    assert not torch.allclose(torch.stack(dense.logits, 1), expected.logits, atol=1e-3), "the schedule matters"
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+def test_sampling_with_a_seed_equals_skiptrain_sampling(export, family):
+    """Both draw one ``torch.multinomial`` sample per row and step from the default generator, after the same
+    transformers warpers (temperature, top-p), so a seed gives the same tokens."""
+    path = export(family)
+    tokenizer = load_tokenizer(str(path))
+    batch = prompt_batch(tokenizer)
+    torch.manual_seed(7)
+    expected, _ = reference(path, batch, sampling=SamplingConfig(do_sample=True, temperature=0.7, top_p=0.9))
+    model = hf_skip_model(path)
+    torch.manual_seed(7)
+    out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=True, temperature=0.7, top_p=0.9, top_k=0)
+    assert torch.equal(out[:, batch["input_ids"].shape[1]:], expected.tokens)
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+def test_layers_outside_the_executed_set_are_not_called_and_keep_no_cache(export, family):
+    path = export(family)
+    model = hf_skip_model(path)
+    tokenizer = load_tokenizer(str(path))
+    batch = prompt_batch(tokenizer)
+    schedule = load_exported(path).schedule
+    step, calls = [-1], Counter()  # forward call index (0: the prompt); (call, layer) -> calls of the layer's parts
+    model.register_forward_pre_hook(lambda module, args: step.__setitem__(0, step[0] + 1))
+    for index, layer in enumerate(decoder_layers(model)):
+        for part in layer.children():  # attention, MLP, norms
+            part.register_forward_hook(lambda module, args, out, index=index: calls.update([(step[0], index)]))
+    out = model.generate(**batch, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                         return_dict_in_generate=True)
+    assert step[0] == NEW_TOKENS - 1
+    for call in range(NEW_TOKENS):
+        expected = schedule.prompt_layers if call == 0 else schedule.executed_layers(call - 1)
+        assert {layer for (c, layer) in calls if c == call} == set(expected), f"forward call {call}"
+    prompt_length = batch["input_ids"].shape[1]
+    cached = [layer.get_seq_length() for layer in out.cache.layers]
+    assert cached == schedule.layer_run_lengths(prompt_length, prompt_length + NEW_TOKENS - 1)
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+def test_a_streamer_receives_skiptrains_text(export, family, capsys):
+    path = export(family)
+    tokenizer = load_tokenizer(str(path))
+    batch = prompt_batch(tokenizer, PROMPTS[:1])  # TextStreamer streams one row
+    expected, _ = reference(path, batch)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    hf_skip_model(path).generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False, streamer=streamer)
+    streamed = capsys.readouterr().out
+    assert streamed.strip() == expected.texts(tokenizer)[0] and streamed.strip()
+
+
+def test_positional_prompts_the_pipeline_and_the_custom_generate_argument_decode_under_the_schedule(export):
+    path = export("qwen2")
+    tokenizer = load_tokenizer(str(path))
+    batch = prompt_batch(tokenizer, PROMPTS[:1])
+    expected, _ = reference(path, batch)
+    generated = expected.tokens[0, : expected.lengths[0]].tolist()
+    model = hf_skip_model(path)
+    positional = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], do_sample=False,
+                                max_new_tokens=NEW_TOKENS)  # the prompt as generate's first positional argument
+    assert positional[0, batch["input_ids"].shape[1]:].tolist() == generated
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    (result,) = pipe(PROMPTS[0], max_new_tokens=NEW_TOKENS, do_sample=False, return_tensors=True)
+    assert result["generated_token_ids"][batch["input_ids"].shape[1]:] == generated
+    dense = AutoModelForCausalLM.from_pretrained(path).eval()  # no trust_remote_code: transformers' own generate
+    out = dense.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False, custom_generate=str(path),
+                         trust_remote_code=True)
+    assert out[0, batch["input_ids"].shape[1]:].tolist() == generated
+
+
+def test_beam_search_scores_are_the_schedules_log_probabilities(export):
+    """Beams share the column of their row, so each beam runs the schedule's layers: the returned score of every
+    sequence is the sum of its token log-probabilities under the skip-aware training forward."""
+    path = export("gpt2")
+    tokenizer = load_tokenizer(str(path))
+    batch = prompt_batch(tokenizer)
+    model = hf_skip_model(path)
+    out = model.generate(**batch, max_new_tokens=6, num_beams=3, num_return_sequences=3, do_sample=False,
+                         length_penalty=0.0, return_dict_in_generate=True, output_scores=True, eos_token_id=None)
+    ids = out.sequences  # [B * 3, P + 6]
+    prompt_length = batch["input_ids"].shape[1]
+    mask = torch.cat([batch["attention_mask"].repeat_interleave(3, 0), torch.ones_like(ids[:, prompt_length:])], 1)
+    logits = skip_forward(load_exported(path).model, ids, mask, load_exported(path).schedule, prompt_length)
+    log_probs = logits[:, prompt_length - 1:-1].log_softmax(-1).gather(-1, ids[:, prompt_length:, None]).squeeze(-1)
+    torch.testing.assert_close(out.sequences_scores, log_probs.sum(1), atol=1e-4, rtol=0)
+
+
+def test_plain_from_pretrained_still_loads_and_decodes_densely(export):
+    path = export("llama")
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    assert "generate" not in vars(model), "without trust_remote_code transformers' own generate runs"
+    tokenizer = load_tokenizer(str(path))
+    batch = prompt_batch(tokenizer)
+    exported = load_exported(path).model
+    dense = generate(exported, batch["input_ids"], batch["attention_mask"], Dense().build(6),
+                     max_new_tokens=NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id)
+    out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False)
+    assert torch.equal(out[:, batch["input_ids"].shape[1]:], dense.tokens)
+
+
+def test_calls_it_cannot_apply_exactly_are_refused(export):
+    """Refusals are ``ValueError`` s (the exported copy defines its own ``SkipScheduleError`` class)."""
+    path = export("llama")
+    model = hf_skip_model(path)
+    tokenizer = load_tokenizer(str(path))
+    batch = prompt_batch(tokenizer)
+    with pytest.raises(ValueError, match="needs different executed layer sets.*use_cache=True"):
+        model.generate(**batch, max_new_tokens=3, use_cache=False)
+    with pytest.raises(ValueError, match="needs different executed layer sets"):
+        model.generate(**prompt_batch(tokenizer, PROMPTS[:1]), max_new_tokens=6,
+                       assistant_model=AutoModelForCausalLM.from_pretrained(path))  # verifies drafts in one call
+    right = {k: v.flip(1) for k, v in batch.items()}
+    with pytest.raises(ValueError, match="last column: allowed only left-padded prompts"):
+        model.generate(**right, max_new_tokens=3)
+    assert "forward" not in vars(decoder_layers(model)[1]), "a refused call leaves the layers as they were"
+    model.config.skip_schedule = {**model.config.skip_schedule, "num_layers": 4}
+    with pytest.raises(ValueError, match=r"skip_schedule.num_layers=4 is invalid: allowed 6"):
+        model.generate(**batch, max_new_tokens=3)
+    model.config.model_type = "bloom"
+    with pytest.raises(SkipScheduleError, match="model_type='bloom' is not supported"):
+        decoder_layers(model)
+
+
+def test_a_forward_set_on_a_layer_instance_is_gated_and_then_restored(export):
+    """Hooks such as accelerate's (``device_map``) replace ``layer.forward`` on the instance; they are kept."""
+    path = export("llama")
+    model = hf_skip_model(path)
+    layer = decoder_layers(model)[2]
+    calls, original = [], layer.forward
+
+    def hooked(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    layer.forward = hooked
+    model.generate(**prompt_batch(load_tokenizer(str(path))), max_new_tokens=NEW_TOKENS, do_sample=False)
+    schedule = load_exported(path).schedule  # the last token generated is never fed back
+    assert len(calls) == 1 + sum(2 in schedule.executed_layers(g) for g in range(NEW_TOKENS - 1)) < NEW_TOKENS
+    assert vars(layer)["forward"] is hooked
+
+
+def test_the_export_ships_a_self_contained_copy(export):
+    shipped = export("llama") / CUSTOM_GENERATE_FILE
+    source = Path(__import__("skiptrain.custom_generate").custom_generate.__file__)
+    assert shipped.read_text() == source.read_text()
+    tree = ast.parse(source.read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "skiptrain" not in imported and imported <= {"__future__", "functools", "collections", "contextlib",
+                                                         "typing", "torch", "transformers"}
+    card = (export("llama") / "README.md").read_text()
+    assert 'AutoModelForCausalLM.from_pretrained("path/to/this/export", trust_remote_code=True)' in card
+    config = json.loads((export("llama") / "config.json").read_text())
+    assert "auto_map" not in config, "the model class stays transformers' own"
+    for family, path in DECODER_LAYERS.items():  # the same layers skiptrain's own forward drives
+        assert path == f"{FAMILIES[family].decoder_path}.{FAMILIES[family].layers_attr}"
+    assert set(DECODER_LAYERS) == set(FAMILIES)
