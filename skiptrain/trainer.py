@@ -21,9 +21,18 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from skiptrain.data import SkipDataModule
+from skiptrain.errors import UsageError
 from skiptrain.evaluation import evaluate_against_dense
 from skiptrain.generation import SamplingConfig
-from skiptrain.inference import STDIO, GenerationReport, generate_report, read_prompts, write_completions
+from skiptrain.inference import (
+    STDIO,
+    GenerationReport,
+    LongPrompts,
+    fit_prompts,
+    generate_report,
+    read_prompts,
+    write_completions,
+)
 from skiptrain.module import SkipLM
 from skiptrain.runs import export_checkpoint, load_weights
 
@@ -76,6 +85,7 @@ class SkipTrainer(L.Trainer):
         sampling: SamplingConfig | None = None,
         dense: bool = False,
         compare_dense: bool = False,
+        long_prompts: LongPrompts = "refuse",
     ) -> GenerationReport:
         """Generate completions of prompts with batched, KV-cached skip-aware decoding (JSON lines out).
 
@@ -89,21 +99,29 @@ class SkipTrainer(L.Trainer):
                 for stdin.
             output: JSON-lines file for ``{"prompt", "completion", "num_tokens", "token_ids"}``, or ``-`` for stdout
                 (the summary goes to stderr).
-            max_new_tokens: Tokens generated per prompt at most; default ``model.generation.max_new_tokens``.
+            max_new_tokens: Tokens generated per prompt at most (>= 1); default ``model.generation.max_new_tokens``.
             batch_size: Prompts decoded together (left-padded to end at one column).
             sampling: Greedy by default; default ``model.generation.sampling``.
             dense: Decode with every layer, ignoring the schedule.
             compare_dense: Also decode the same prompts densely and report the measured speedup.
+            long_prompts: A prompt that leaves no room for ``max_new_tokens`` in the model's context length is
+                refused (``refuse``) or cut to its last tokens that fit, with a warning (``truncate``).
         """
+        max_new_tokens = model.generation.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if max_new_tokens < 1:
+            raise UsageError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1 (leave it out for "
+                             f"model.generation.max_new_tokens={model.generation.max_new_tokens})")
         prompt_texts = read_prompts(prompts)
         load_weights(model, ckpt_path, weights_only)
+        tokenizer = model.get_tokenizer()
+        context_length = getattr(model.model.config, "max_position_embeddings", None)
+        prompt_texts = fit_prompts(tokenizer, prompt_texts, context_length, max_new_tokens, long_prompts)
         device = self.strategy.root_device
         model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
         report = generate_report(
-            model.model, model.get_tokenizer(), model.schedule, prompt_texts, dense=dense, compare_dense=compare_dense,
-            max_new_tokens=max_new_tokens or model.generation.max_new_tokens, batch_size=batch_size,
-            sampling=sampling or model.generation.sampling, device=device,
-            context=self.precision_plugin.forward_context,
+            model.model, tokenizer, model.schedule, prompt_texts, dense=dense, compare_dense=compare_dense,
+            max_new_tokens=max_new_tokens, batch_size=batch_size, sampling=sampling or model.generation.sampling,
+            device=device, context=self.precision_plugin.forward_context,
         )
         write_completions(report.completions, output)
         rank_zero_info(report.summary())  # stderr: stdout may carry the JSON lines
