@@ -32,6 +32,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from skiptrain.checkpoints import checkpoint_layout, checkpoint_metadata
 from skiptrain.data import SkipDataModule
 from skiptrain.errors import SkiptrainError, UsageError
+from skiptrain.models import context_length
 from skiptrain.module import SkipLM, accept_schedule_families
 from skiptrain.preemption import PreemptionCheckpoint
 from skiptrain.progress import ProgressBar
@@ -131,7 +132,7 @@ class SkipCLI(LightningCLI):
         """
         config = self.model.check_model()
         if config is not None and self.datamodule is not None:
-            self.datamodule.check_context(getattr(config, "max_position_embeddings", None))
+            self.datamodule.check_context(context_length(config))
         created = _absent(Path(self.trainer.log_dir)) if self.trainer.log_dir else []
         try:
             super()._run_subcommand(subcommand)

@@ -16,7 +16,14 @@ from pathlib import Path
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from safetensors import SafetensorError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GgufConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from skiptrain.errors import ModelError
@@ -113,6 +120,11 @@ def load_config(name_or_path: str):
     source = resolve_model(name_or_path)
     with _loading(name_or_path):
         return AutoConfig.from_pretrained(source.path, **source.kwargs())
+
+
+def context_length(config: PretrainedConfig) -> int | None:
+    """The model's context length in tokens, from its config (``None`` when the config does not say)."""
+    return getattr(config, "max_position_embeddings", None)
 
 
 def load_causal_lm(

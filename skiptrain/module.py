@@ -208,6 +208,7 @@ class SkipLM(L.LightningModule):
         self.curriculum = curriculum
         self.generation = generation if generation is not None else GenerationSettings()
         self.model: torch.nn.Module | None = None
+        self._model_config: PretrainedConfig | None = None  # read by check_model
         self.schedule: SkipSchedule | None = None
         self.tokenizer = None
         self._teacher: tuple[torch.nn.Module, ...] = ()  # a frozen teacher run, kept out of state_dict and optimizer
@@ -243,8 +244,8 @@ class SkipLM(L.LightningModule):
     def check_model(self) -> PretrainedConfig | None:
         """Refuse a model that cannot be found, or a schedule that does not fit it, from the model's config alone.
 
-        Cheap (no weights are read): the CLI calls it before a run directory or an output is written. An export
-        directory is checked when it is loaded.
+        No weights are read (a GGUF file's header is, once: the config is kept for later calls). The CLI calls it
+        before a run directory or an output is written. An export directory is checked when it is loaded.
 
         Returns:
             The model's transformers config, or ``None`` for an export or a model already built.
@@ -256,9 +257,10 @@ class SkipLM(L.LightningModule):
         """
         if self.model is not None or is_export(self.model_name):
             return None
-        config = load_config(self.model_name)
-        self._schedule_family().build(config.num_hidden_layers)
-        return config
+        if self._model_config is None:
+            self._model_config = load_config(self.model_name)
+        self._schedule_family().build(self._model_config.num_hidden_layers)
+        return self._model_config
 
     def configure_model(self) -> None:
         """Load the model here (not in ``__init__``) so sharded strategies can build it."""

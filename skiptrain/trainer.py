@@ -33,6 +33,7 @@ from skiptrain.inference import (
     read_prompts,
     write_completions,
 )
+from skiptrain.models import context_length
 from skiptrain.module import SkipLM
 from skiptrain.runs import export_checkpoint, load_weights
 
@@ -112,10 +113,15 @@ class SkipTrainer(L.Trainer):
             raise UsageError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1 (leave it out for "
                              f"model.generation.max_new_tokens={model.generation.max_new_tokens})")
         prompt_texts = read_prompts(prompts)
+        base_config = model.check_model()  # None for an export: its config is known once it is loaded
+        if base_config is not None:  # the prompts are checked before the weights load
+            prompt_texts = fit_prompts(model.get_tokenizer(), prompt_texts, context_length(base_config),
+                                       max_new_tokens, long_prompts)
         load_weights(model, ckpt_path, weights_only)
         tokenizer = model.get_tokenizer()
-        context_length = getattr(model.model.config, "max_position_embeddings", None)
-        prompt_texts = fit_prompts(tokenizer, prompt_texts, context_length, max_new_tokens, long_prompts)
+        if base_config is None:
+            prompt_texts = fit_prompts(tokenizer, prompt_texts, context_length(model.model.config), max_new_tokens,
+                                       long_prompts)
         device = self.strategy.root_device
         model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
         report = generate_report(

@@ -59,6 +59,10 @@ class FailLastCheckpointWrite(Callback):
         LocalFileOpener.write = half_then_fail
         self._restore = write
 
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self.teardown(trainer, pl_module, "fit")  # Lightning does not tear callbacks down after an exception
+
     def teardown(self, trainer, pl_module, stage) -> None:
         if hasattr(self, "_restore"):
             LocalFileOpener.write = self._restore
+            del self._restore

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fsspec.implementations.local import LocalFileOpener
 from interrupt import DiskFull
 from test_training import read_metrics, tiny_args
 
@@ -90,8 +91,10 @@ def test_sigterm_saves_a_resumable_checkpoint_before_exit(tiny_model_dir, tmp_pa
 
 def test_a_checkpoint_write_cut_short_keeps_the_previous_last_ckpt(tiny_model_dir, tmp_path):
     failing = '--trainer.callbacks+={"class_path": "interrupt.FailLastCheckpointWrite", "init_args": {"epoch": 1}}'
+    write = LocalFileOpener.write
     with pytest.raises(DiskFull):
         main(fit_args(tiny_model_dir("llama"), tmp_path / "run", failing))
+    assert LocalFileOpener.write is write  # the simulated fault is gone for the tests that follow
     checkpoint = last_checkpoint(tmp_path / "run")
     assert checkpoint_metadata(checkpoint)["global_step"] == 2  # epoch 0's, whole
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]

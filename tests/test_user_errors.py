@@ -364,3 +364,12 @@ def test_the_console_shows_one_line_and_no_traceback(argv, code, says, inputs, t
     (line,) = error_lines(done.stderr)
     assert line.startswith(says), done.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_long_prompt_is_truncated_on_request(inputs, tmp_path):
+    (tmp_path / "prompts.txt").write_text("word " * 400 + "\nForecast:\n")
+    with pytest.warns(UserWarning, match=r"prompt 1 has \d+ tokens; truncated to its last 252"):
+        main([fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in generate("--long_prompts", "truncate")])
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and rows[1]["prompt"] == "Forecast:"
+    assert rows[0]["prompt"].endswith("word ") and len(rows[0]["prompt"]) < 400 * len("word ")
