@@ -27,6 +27,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from skiptrain.errors import InputError
 from skiptrain.key_diff import diff_keys, list_names
 
 __all__ = [
@@ -42,7 +43,7 @@ _WRAPPER_PREFIXES = ("_forward_module.",)  # Lightning < 2.1 wrapped the Lightni
 _WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint that cannot be read, or whose consolidated weights are incomplete or placeholders."""
 
 
@@ -149,6 +150,11 @@ def _load_file(path: str | os.PathLike, weights_only: bool | None) -> Mapping[st
         raise CheckpointError(
             f"checkpoint {str(path)!r} holds Python objects besides tensors and plain data, which are not unpickled "
             f"by default; if you trust the file, pass weights_only=False (--weights_only false). {err}"
+        ) from err
+    except (RuntimeError, EOFError) as err:  # torch's zip reader: a truncated or foreign file
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} cannot be read: it is truncated or not a torch checkpoint "
+            f"({str(err).splitlines()[0].split('. ')[0]}); use an intact one, e.g. the run's previous checkpoint"
         ) from err
     if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint:
         raise CheckpointError(f"checkpoint {str(path)!r} is not a Lightning checkpoint: it has no 'state_dict'")

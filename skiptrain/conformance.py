@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from skiptrain.errors import InputError, UsageError
 from skiptrain.export import SCHEDULE_FILE, is_export, read_skip_schedule
 from skiptrain.generation import generate
 from skiptrain.inference import prompt_batches
@@ -36,7 +37,7 @@ DEFAULT_MARGIN = 1e-3
 """Logit gap under which two tokens count as tied: fp32 engines agree with the reference to about 1e-5."""
 
 
-class ConformanceError(ValueError):
+class ConformanceError(InputError):
     """A vectors file or an engine's output file cannot be read (the message names the file and line)."""
 
 
@@ -62,7 +63,7 @@ def write_vectors(
         ``token_ids`` and ``top_logits`` (per step, ``top`` pairs ``[token_id, logit]``, best first).
     """
     if top < 1:
-        raise ValueError(f"top={top} is invalid: allowed >= 1")
+        raise UsageError(f"top={top} is invalid: allowed >= 1")
     cases: list[dict[str, Any]] = []
     for batch in prompt_batches(tokenizer, prompts, batch_size):
         ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)

@@ -28,8 +28,21 @@ from torch.utils.data import DataLoader
 from skiptrain.batch import PROMPT_IDS, REFERENCES, SOURCE, TARGET_IDS, Collator
 from skiptrain.builtin_task import build_builtin_dataset
 from skiptrain.encoding import encode_pairs, group_into_blocks
+from skiptrain.errors import DataError, UsageError
 from skiptrain.models import load_tokenizer, prepare_tokenizer
 from skiptrain.tasks import MetricKind, TaskSpec, get_task_spec, validate_template
+
+
+class MissingSplitError(DataError, KeyError):
+    """A split the stage needs is not in the data files or the dataset (a ``KeyError`` too)."""
+
+    __str__ = Exception.__str__  # the message, not KeyError's repr of it
+
+
+class DataFileNotFoundError(DataError, FileNotFoundError):
+    """A local data file does not exist (a ``FileNotFoundError`` too)."""
+
+    __str__ = Exception.__str__
 
 TARGET = "target"
 
@@ -62,12 +75,12 @@ def infer_builder(paths: str | Sequence[str]) -> tuple[str, dict[str, Any]]:
     for path in path_list:
         suffix = Path(str(path)).suffix.lower()
         if suffix not in FILE_BUILDERS:
-            raise ValueError(
+            raise DataError(
                 f"data file {str(path)!r} has unsupported extension {suffix!r}; supported: {sorted(FILE_BUILDERS)}"
             )
         choices[suffix] = FILE_BUILDERS[suffix]
     if len({(b, tuple(sorted(kw.items()))) for b, kw in choices.values()}) != 1:
-        raise ValueError(f"data files {path_list} mix formats {sorted(choices)}; use one format per split")
+        raise DataError(f"data files {path_list} mix formats {sorted(choices)}; use one format per split")
     builder, kwargs = next(iter(choices.values()))
     return builder, dict(kwargs)
 
@@ -109,7 +122,7 @@ def resolve_columns(
                 rank_zero_info(f"{origin}: using columns {alias_src!r} -> {alias_tgt!r} for task {spec.name!r}")
                 return alias_src, alias_tgt
     missing = [c for c in wanted if c not in found]
-    raise ValueError(
+    raise DataError(
         f"{origin}: missing column(s) {missing} for task {spec.name!r}; columns found: {found}. "
         "Set source_column/target_column to map your columns."
     )
@@ -189,7 +202,7 @@ def normalise_columns(
     if dropped:
         rank_zero_info(f"{origin} split {split!r}: dropped {dropped} of {before} rows with empty source or target")
     if len(dataset) == 0:
-        raise ValueError(f"{origin}: split {split!r} has no usable rows (all {before} rows had empty text)")
+        raise DataError(f"{origin}: split {split!r} has no usable rows (all {before} rows had empty text)")
     return dataset
 
 
@@ -312,27 +325,27 @@ def load_split(
     """
     if data_files is not None:
         if split not in data_files:
-            raise KeyError(f"split {split!r} not in data_files (available: {sorted(data_files)})")
+            raise MissingSplitError(f"split {split!r} not in data_files (available: {sorted(data_files)})")
         paths = data_files[split]
         path_list = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
         for path in path_list:
             if not any(ch in str(path) for ch in "*?[") and not Path(path).exists():
-                raise FileNotFoundError(f"data_files[{split!r}]: {path} does not exist")
+                raise DataFileNotFoundError(f"data_files[{split!r}]: {path} does not exist; give an existing file")
         origin = str(paths) if len(path_list) != 1 else str(path_list[0])
         builder, kwargs = infer_builder([str(p) for p in path_list])
         try:
             dataset = datasets.load_dataset(
                 builder, data_files={split: [str(p) for p in path_list]}, split=split, **kwargs
             )
-        except (datasets.exceptions.DatasetGenerationError, ValueError, StopIteration) as err:
-            raise ValueError(
+        except (datasets.exceptions.DatasetGenerationError, ValueError, StopIteration, UnicodeDecodeError) as err:
+            raise DataError(
                 f"{origin}: split {split!r} is empty or could not be read as {builder} ({type(err).__name__}: {err})"
             ) from err
     elif dataset_id is None:
         origin = "builtin weather task"
         dsd = _builtin_dataset(seed)
         if split not in dsd:
-            raise KeyError(f"split {split!r} not in {origin} (available: {sorted(dsd)})")
+            raise MissingSplitError(f"split {split!r} not in {origin} (available: {sorted(dsd)})")
         dataset = dsd[split]
     else:
         origin = f"dataset {dataset_id!r}" + (f" (config {dataset_config!r})" if dataset_config else "")
@@ -340,10 +353,10 @@ def load_split(
             dataset = datasets.load_dataset(dataset_id, dataset_config, split=split)
         except ValueError as err:
             if "split" in str(err).lower():
-                raise KeyError(f"split {split!r} not found in {origin}: {err}") from err
+                raise MissingSplitError(f"split {split!r} not found in {origin}: {err}") from err
             raise
     if len(dataset) == 0:
-        raise ValueError(f"{origin}: split {split!r} is empty")
+        raise DataError(f"{origin}: split {split!r} is empty")
     return dataset, origin
 
 
@@ -453,7 +466,7 @@ class SkipDataModule(L.LightningDataModule):
             ("batch_size", batch_size),
         ):
             if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+                raise UsageError(f"{name} must be >= 1, got {value}")
         template = prompt_template if prompt_template is not None else self.task_spec.prompt_template
         self.prompt_template = None if self.task_spec.is_language_modeling else validate_template(template or "")
         self.tokenizer_name = tokenizer
@@ -516,6 +529,24 @@ class SkipDataModule(L.LightningDataModule):
         self._tokenizer = prepare_tokenizer(tokenizer)
         self.datasets = {}
         self._missing = set()
+
+    def check_context(self, context_length: int | None) -> None:
+        """Refuse length limits that let an example exceed the model's context length (``None``: no limit).
+
+        Raises:
+            UsageError: naming the limits and the context length.
+        """
+        if context_length is None:
+            return
+        if self.task_spec.is_language_modeling:
+            limits, longest = f"block_size={self.block_size}", self.block_size
+        else:
+            longest = self.max_source_tokens + self.max_target_tokens + 1
+            limits = (f"max_source_tokens={self.max_source_tokens} + max_target_tokens={self.max_target_tokens} "
+                      "+ 1 (EOS)")
+        if longest > context_length:
+            raise UsageError(f"{limits} = {longest} tokens exceeds the model's context length of {context_length} "
+                             "tokens: lower them so that an example fits")
 
     # ---- Lightning hooks ----------------------------------------------------------------------------------------
 
@@ -605,7 +636,7 @@ class SkipDataModule(L.LightningDataModule):
         if self.task_spec.is_language_modeling:
             data = tokenize_blocks(data, tokenizer, self.block_size)
             if len(data) == 0:
-                raise ValueError(f"{origin}: split {split!r} produced no token blocks")
+                raise DataError(f"{origin}: split {split!r} produced no token blocks")
             limit = self.max_train_samples if role == "train" else self.max_eval_samples
             return self._subsample(data, limit, random=role == "train")
         if role == "train":

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from skiptrain.errors import DataError, UsageError
 from skiptrain.tasks import fill_template
 
 
@@ -85,7 +86,7 @@ def encode_prompts(
     _, n_suffix = special_token_counts(tokenizer)
     overhead = len(_strip_suffix(tokenizer(fill_template(template, ""))["input_ids"], n_suffix))
     if overhead >= max_source_tokens:
-        raise ValueError(
+        raise UsageError(
             f"max_source_tokens={max_source_tokens} leaves no room for the source: the prompt template alone "
             f"takes {overhead} tokens ({template!r})"
         )
@@ -142,7 +143,7 @@ def encode_pairs(
     """
     eos = tokenizer.eos_token_id
     if eos is None:
-        raise ValueError("the tokenizer has no eos_token; targets must end with EOS")
+        raise DataError("the tokenizer has no eos_token; targets must end with EOS")
     prompt_texts, prompt_ids = encode_prompts(tokenizer, template, sources, max_source_tokens)
     continuations = [target_text(p, t) for p, t in zip(prompt_texts, targets, strict=True)]
     full_ids = tokenize_prompts(tokenizer, [p + c for p, c in zip(prompt_texts, continuations, strict=True)])

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -38,11 +39,12 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from peft import PeftModel
 from peft.utils import get_peft_model_state_dict
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from skiptrain import custom_generate
+from skiptrain.errors import InputError, UsageError
 from skiptrain.key_diff import Shapes, diff_keys
 from skiptrain.models import load_causal_lm, load_config, prepare_tokenizer
 from skiptrain.record import NOT_RECORDED, ExportRecord, producer
@@ -62,13 +64,26 @@ CUSTOM_GENERATE_FILE = "custom_generate/generate.py"
 UNRECORDED_TRAINING_CONFIG = f"# training config: {NOT_RECORDED}\n"
 
 
-class ExportError(ValueError):
+class ExportError(InputError):
     """An export cannot be written or an export directory cannot be used (the message says which file and why)."""
 
 
+class ExportUsageError(ExportError, UsageError):
+    """An export refused for its options: a non-empty ``output_dir``, ``adapter_only`` without LoRA, an export
+    combined with a checkpoint."""
+
+    exit_code = UsageError.exit_code
+
+
 def is_export(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a directory holding a ``skip_schedule.json``."""
-    return (Path(path) / SCHEDULE_FILE).is_file()
+    """Whether ``path`` is a directory holding a ``skip_schedule.json``, or one written as an export that lost it.
+
+    An export whose ``skip_schedule.json`` is gone still has its ``training_config.yaml`` (or the schedule's copy in
+    ``config.json``): it counts as an export, so that loading it is refused (:func:`read_skip_schedule`) rather
+    than decoding its weights under another schedule.
+    """
+    directory = Path(path)
+    return (directory / SCHEDULE_FILE).is_file() or (directory / TRAINING_CONFIG_FILE).is_file()
 
 
 def is_adapter_export(directory: str | os.PathLike) -> bool:
@@ -88,6 +103,12 @@ def read_skip_schedule(directory: str | os.PathLike) -> tuple[SkipSchedule, dict
             ``format`` or ``schema_version``, missing keys, layer lists that are not nested, ...).
     """
     path = Path(directory) / SCHEDULE_FILE
+    if not path.is_file() and (Path(directory) / TRAINING_CONFIG_FILE).is_file():
+        raise ExportError(
+            f"{path} is missing: {directory} was written as a skiptrain export ({TRAINING_CONFIG_FILE}) but has lost "
+            f"its schedule, so its weights would decode under one they were not trained for; restore {SCHEDULE_FILE} "
+            f"(config.json of merged weights keeps a copy under '{CONFIG_KEY}') or export again"
+        )
     if not path.is_file():
         raise ExportError(
             f"{path} is missing: {directory} is not a skiptrain export (every export has {SCHEDULE_FILE}; "
@@ -129,12 +150,23 @@ def check_schedule_fits(schedule: SkipSchedule, num_layers: int, where: str | os
 
 
 def saved_tensor_shapes(directory: str | os.PathLike, prefix: str = "model") -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the tensors in a directory's ``<prefix>*.safetensors`` files (headers only, no data)."""
+    """Names and shapes of the tensors in a directory's ``<prefix>*.safetensors`` files (headers only, no data).
+
+    Raises:
+        ExportError: naming the directory when it has no such file, or a file that is truncated or corrupt.
+    """
+    files = sorted(Path(directory).glob(f"{prefix}*.safetensors"))
+    if not files:
+        raise ExportError(f"{directory} has no {prefix}*.safetensors: its weights are missing; copy them back or "
+                          "export again")
     shapes: dict[str, tuple[int, ...]] = {}
-    for file in sorted(Path(directory).glob(f"{prefix}*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                shapes[key] = tuple(f.get_slice(key).get_shape())
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    shapes[key] = tuple(f.get_slice(key).get_shape())
+        except (OSError, SafetensorError) as err:
+            raise ExportError(f"{file} is truncated or corrupt ({err}): copy it again or export again") from err
     return shapes
 
 
@@ -330,7 +362,7 @@ def _merged_model(model: nn.Module, in_place: bool) -> nn.Module:
 def _write_weights(model: nn.Module, directory: Path, adapter_only: bool, in_place: bool) -> None:
     if adapter_only:
         if not isinstance(model, PeftModel):
-            raise ExportError("adapter_only=True needs a LoRA model (model.lora is null): export merged weights")
+            raise ExportUsageError("adapter_only=True needs a LoRA model (model.lora is null): export merged weights")
         model.save_pretrained(str(directory))
         check_exported_adapter(directory, model)
         return
@@ -365,13 +397,45 @@ def check_target(output_dir: str | os.PathLike, overwrite: bool) -> Path:
     """Refuse an output directory that exists and is not empty, unless ``overwrite``; refuse a file."""
     target = Path(output_dir)
     if target.exists() and not target.is_dir():
-        raise ExportError(f"output_dir={str(target)!r} is a file, not a directory")
+        raise ExportUsageError(f"output_dir={str(target)!r} is a file, not a directory")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise ExportError(
+        raise ExportUsageError(
             f"output_dir={str(target)!r} exists and is not empty: choose another directory or pass overwrite=True "
             "(--overwrite true) to replace it"
         )
     return target
+
+
+def _staging_prefix(target: Path) -> str:
+    """Name prefix of the staging directories beside ``target`` made on this host; the writer's pid follows it."""
+    return f".{target.name}.tmp-{socket.gethostname()}-"
+
+
+def remove_stale_staging(target: Path) -> list[Path]:
+    """Remove staging directories beside ``target`` left by an export killed on this host (its process is gone).
+
+    Staging directories of running exports, or of other hosts (a shared file system), are left alone.
+
+    Returns:
+        The directories removed.
+    """
+    prefix, removed = _staging_prefix(target), []
+    for staging in target.parent.glob(prefix + "*"):
+        pid = staging.name[len(prefix):].split("-")[0]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _use_default_permissions(directory: Path) -> None:
@@ -381,10 +445,23 @@ def _use_default_permissions(directory: Path) -> None:
     directory.chmod(0o777 & ~umask)
 
 
-def _move_into_place(staging: Path, target: Path) -> None:
-    """Rename the finished ``staging`` directory to ``target``, replacing an existing one only at the very end."""
-    if not target.exists():
-        os.replace(staging, target)
+def _move_into_place(staging: Path, target: Path, overwrite: bool) -> None:
+    """Rename the finished ``staging`` directory to ``target``, replacing an existing one only at the very end.
+
+    Without ``overwrite`` the rename itself is the check: it fails when another export reached ``target`` since
+    :func:`check_target` (an empty directory is removed first, which fails as well if it has been filled).
+    """
+    if not overwrite or not target.exists():
+        try:
+            if target.is_dir():
+                target.rmdir()
+            os.rename(staging, target)
+        except OSError as err:
+            raise ExportUsageError(
+                f"output_dir={str(target)!r} was written by another process while this export was being made "
+                f"({err.strerror}): it is kept as that process wrote it; choose another directory or pass "
+                "overwrite=True (--overwrite true) to replace it"
+            ) from err
         return
     retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
     os.replace(target, retired / target.name)
@@ -436,14 +513,15 @@ def write_export(
     check_schedule_fits(schedule, _num_layers(model), f"the schedule to export with {type(model).__name__}")
     record = dataclasses.replace(record, schedule=schedule, producer=producer())
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    remove_stale_staging(target)
+    staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(target)}{os.getpid()}-", dir=target.parent))
     try:
         _use_default_permissions(staging)
         _write_weights(model, staging, adapter_only, in_place)
         tokenizer.save_pretrained(str(staging))
         _write_record(staging, record, adapter_only)
         verify_export(staging)
-        _move_into_place(staging, target)
+        _move_into_place(staging, target, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -18,6 +18,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from skiptrain.errors import ModelError, UsageError
+
 SUPPORTED_ATTENTION = ("eager", "sdpa")
 
 
@@ -152,18 +154,18 @@ def decoder_parts(model: nn.Module) -> DecoderParts:
     config = base.config
     family = FAMILIES.get(config.model_type)
     if family is None:
-        raise ValueError(
+        raise ModelError(
             f"model_type={config.model_type!r} is not supported by the skip-aware forward: "
             f"allowed {sorted(FAMILIES)} (add an entry to skiptrain.families.FAMILIES)"
         )
     attention = config._attn_implementation
     if attention not in SUPPORTED_ATTENTION:
-        raise ValueError(
+        raise UsageError(
             f"attn_implementation={attention!r} is not supported by the skip-aware forward: "
             f"allowed {list(SUPPORTED_ATTENTION)}"
         )
     if getattr(config, "layerdrop", 0.0) and base.training:
-        raise ValueError(
+        raise ModelError(
             f"layerdrop={config.layerdrop} is not supported: random layer dropping conflicts with the schedule "
             "and with sharded training; set layerdrop=0"
         )

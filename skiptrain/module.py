@@ -17,17 +17,20 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torchmetrics import MeanMetric
 from torchmetrics.text import ROUGEScore, SacreBLEUScore
 from transformers import (
+    PretrainedConfig,
     get_constant_schedule_with_warmup,
     get_cosine_schedule_with_warmup,
     get_linear_schedule_with_warmup,
 )
 
 from skiptrain.batch import IGNORE_INDEX
+from skiptrain.errors import UsageError
+from skiptrain.export import is_export
 from skiptrain.families import LORA_TARGETS, decoder_parts
 from skiptrain.forward import skip_hidden_states
 from skiptrain.generation import SamplingConfig, generate
 from skiptrain.losses import distillation_kl, target_cross_entropy
-from skiptrain.models import load_causal_lm, load_tokenizer
+from skiptrain.models import load_causal_lm, load_config, load_tokenizer
 from skiptrain.schedules import Dense, ScheduleFamily, SkipSchedule, anneal_from_dense
 from skiptrain.warm_start import load_run_weights, trained_model
 
@@ -79,11 +82,11 @@ class Distillation:
 
     def __post_init__(self) -> None:
         if self.weight < 0:
-            raise ValueError(f"distillation.weight={self.weight} is invalid: allowed >= 0")
+            raise UsageError(f"distillation.weight={self.weight} is invalid: allowed >= 0")
         if self.temperature <= 0:
-            raise ValueError(f"distillation.temperature={self.temperature} is invalid: allowed > 0")
+            raise UsageError(f"distillation.temperature={self.temperature} is invalid: allowed > 0")
         if self.teacher not in TEACHERS and not Path(self.teacher).exists():
-            raise ValueError(f"distillation.teacher={self.teacher!r} is invalid: allowed {list(TEACHERS)} or "
+            raise UsageError(f"distillation.teacher={self.teacher!r} is invalid: allowed {list(TEACHERS)} or "
                              "the path of an existing checkpoint or export")
 
 
@@ -101,7 +104,7 @@ class Curriculum:
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
-            raise ValueError(f"curriculum.fraction={self.fraction} is invalid: allowed 0 < fraction <= 1")
+            raise UsageError(f"curriculum.fraction={self.fraction} is invalid: allowed 0 < fraction <= 1")
 
     def progress(self, step: int, total_steps: int) -> float:
         """Fraction of the annealing done at optimizer step ``step`` of ``total_steps``."""
@@ -181,21 +184,21 @@ class SkipLM(L.LightningModule):
     ) -> None:
         super().__init__()
         if schedule is not None and not isinstance(schedule, ScheduleFamily):
-            raise ValueError(f"schedule={schedule!r} is invalid: allowed a schedule family (SkipDecode, "
+            raise UsageError(f"schedule={schedule!r} is invalid: allowed a schedule family (SkipDecode, "
                              "Hierarchical, Static, Dense), e.g. schedule=SkipDecode(min_layers=..., max_layers=...)")
         if lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule={lr_schedule!r} is invalid: allowed {sorted(LR_SCHEDULES)}")
+            raise UsageError(f"lr_schedule={lr_schedule!r} is invalid: allowed {sorted(LR_SCHEDULES)}")
         if learning_rate <= 0:
-            raise ValueError(f"learning_rate={learning_rate} is invalid: allowed > 0")
+            raise UsageError(f"learning_rate={learning_rate} is invalid: allowed > 0")
         if warmup_steps < 0:
-            raise ValueError(f"warmup_steps={warmup_steps} is invalid: allowed >= 0")
+            raise UsageError(f"warmup_steps={warmup_steps} is invalid: allowed >= 0")
         if dense_loss_weight < 0:
-            raise ValueError(f"dense_loss_weight={dense_loss_weight} is invalid: allowed >= 0")
+            raise UsageError(f"dense_loss_weight={dense_loss_weight} is invalid: allowed >= 0")
         if init_from is not None and not Path(init_from).exists():
-            raise ValueError(f"init_from={init_from!r} is invalid: allowed the path of an existing checkpoint or "
+            raise UsageError(f"init_from={init_from!r} is invalid: allowed the path of an existing checkpoint or "
                              "export")
         if distillation is not None and distillation.teacher == "base" and lora is None:
-            raise ValueError("distillation.teacher='base' needs lora: the base model with adapters disabled is the "
+            raise UsageError("distillation.teacher='base' needs lora: the base model with adapters disabled is the "
                              "teacher; use teacher 'dense' or a checkpoint path for full fine-tuning")
         self.save_hyperparameters()
         self.model_name = model
@@ -205,6 +208,7 @@ class SkipLM(L.LightningModule):
         self.curriculum = curriculum
         self.generation = generation if generation is not None else GenerationSettings()
         self.model: torch.nn.Module | None = None
+        self._model_config: PretrainedConfig | None = None  # read by check_model
         self.schedule: SkipSchedule | None = None
         self.tokenizer = None
         self._teacher: tuple[torch.nn.Module, ...] = ()  # a frozen teacher run, kept out of state_dict and optimizer
@@ -230,16 +234,41 @@ class SkipLM(L.LightningModule):
         self.bleu = SacreBLEUScore() if metric in ("bleu", "both") else None
 
     # -- model ---------------------------------------------------------------------------------------------------
+    def _schedule_family(self) -> ScheduleFamily:
+        if self.schedule_family is None:
+            raise UsageError(f"model.schedule is required for model={self.model_name!r} (no default schedule): "
+                             "allowed SkipDecode, Hierarchical, Static or Dense, e.g. --model.schedule SkipDecode "
+                             "--model.schedule.min_layers 8; only an export directory brings its own schedule")
+        return self.schedule_family
+
+    def check_model(self) -> PretrainedConfig | None:
+        """Refuse a model that cannot be found, or a schedule that does not fit it, from the model's config alone.
+
+        No weights are read (a GGUF file's header is, once: the config is kept for later calls). The CLI calls it
+        before a run directory or an output is written. An export directory is checked when it is loaded.
+
+        Returns:
+            The model's transformers config, or ``None`` for an export or a model already built.
+
+        Raises:
+            ModelError: for a model that cannot be found or is not a causal LM.
+            ScheduleError: for schedule parameters the model's layer count does not allow.
+            UsageError: for a missing schedule.
+        """
+        if self.model is not None or is_export(self.model_name):
+            return None
+        if self._model_config is None:
+            self._model_config = load_config(self.model_name)
+        self._schedule_family().build(self._model_config.num_hidden_layers)
+        return self._model_config
+
     def configure_model(self) -> None:
         """Load the model here (not in ``__init__``) so sharded strategies can build it."""
         if self.model is not None:
             return
-        if self.schedule_family is None:
-            raise ValueError(f"model.schedule is required for model={self.model_name!r} (no default schedule): "
-                             "allowed SkipDecode, Hierarchical, Static or Dense, e.g. --model.schedule SkipDecode "
-                             "--model.schedule.min_layers 8; only an export directory brings its own schedule")
+        family = self._schedule_family()
         model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation).train()
-        self.schedule = self.schedule_family.build(model.config.num_hidden_layers)
+        self.schedule = family.build(model.config.num_hidden_layers)
         if self.hparams.init_from is not None:
             load_run_weights(model, self.hparams.init_from)
         if self.distillation is not None and self.distillation.teacher not in TEACHERS:

@@ -19,7 +19,7 @@ import yaml
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from skiptrain.checkpoints import checkpoint_metadata, consolidate_checkpoint
-from skiptrain.export import ExportError, check_target, export_module, is_export, load_exported
+from skiptrain.export import ExportUsageError, check_target, export_module, is_export, load_exported
 from skiptrain.record import NOT_RECORDED, ExportRecord
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def load_weights(module: SkipLM, ckpt_path: str | None, weights_only: bool | Non
     """
     if module.model is None and is_export(module.model_name):
         if ckpt_path:
-            raise ExportError(
+            raise ExportUsageError(
                 f"model.model={module.model_name!r} is an export (it has its weights); ckpt_path={ckpt_path!r} "
                 "would replace them: give model.model the base model to use a checkpoint"
             )

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Literal
 
+from skiptrain.errors import UsageError
+
 FORMAT = "skiptrain.skip_schedule"
 SCHEMA_VERSION = 1
 POSITION = "generated_index"
@@ -27,7 +29,7 @@ POSITION = "generated_index"
 PromptDepth = Literal["all", "max"]
 
 
-class ScheduleError(ValueError):
+class ScheduleError(UsageError):
     """A schedule parameter or a serialised schedule is invalid."""
 
 

@@ -35,6 +35,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from torch import nn
 from transformers import PreTrainedModel
 
+from skiptrain.errors import UsageError
 from skiptrain.families import decoder_parts
 
 __all__ = [
@@ -232,9 +233,9 @@ class SkipDeepSpeedStrategy(DeepSpeedStrategy):
         timeout_minutes: int = 30,
     ) -> None:
         if stage not in (2, 3):
-            raise ValueError(f"stage={stage} is invalid: allowed 2 or 3")
+            raise UsageError(f"stage={stage} is invalid: allowed 2 or 3")
         if offload_parameters and stage != 3:
-            raise ValueError(f"offload_parameters=True is invalid with stage={stage}: parameter offload needs stage 3")
+            raise UsageError(f"offload_parameters=True is invalid with stage={stage}: parameter offload needs stage 3")
         super().__init__(
             stage=stage,
             offload_optimizer=offload_optimizer,

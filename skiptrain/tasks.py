@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from skiptrain.errors import UsageError
+
 SOURCE_PLACEHOLDER = "{source}"
 
 MetricKind = Literal["rouge", "bleu"]
@@ -136,7 +138,7 @@ def get_task_spec(task: str) -> TaskSpec:
         ValueError: If ``task`` is unknown (the message names the field, the value and the allowed values).
     """
     if task not in TASKS:
-        raise ValueError(f"task={task!r} is not supported; allowed values: {sorted(TASKS)}")
+        raise UsageError(f"task={task!r} is not supported; allowed values: {sorted(TASKS)}")
     return TASKS[task]
 
 
@@ -154,7 +156,7 @@ def validate_template(template: str) -> str:
     """
     count = template.count(SOURCE_PLACEHOLDER)
     if count != 1:
-        raise ValueError(
+        raise UsageError(
             f"prompt_template must contain '{SOURCE_PLACEHOLDER}' exactly once, found {count}: {template!r}"
         )
     return template

@@ -31,9 +31,19 @@ from skiptrain.conformance import (
     write_vectors,
 )
 from skiptrain.data import SkipDataModule
+from skiptrain.errors import UsageError
 from skiptrain.evaluation import evaluate_against_dense
 from skiptrain.generation import SamplingConfig
-from skiptrain.inference import STDIO, GenerationReport, generate_report, read_prompts, write_completions
+from skiptrain.inference import (
+    STDIO,
+    GenerationReport,
+    LongPrompts,
+    fit_prompts,
+    generate_report,
+    read_prompts,
+    write_completions,
+)
+from skiptrain.models import context_length
 from skiptrain.module import SkipLM
 from skiptrain.runs import export_checkpoint, load_weights
 
@@ -86,6 +96,7 @@ class SkipTrainer(L.Trainer):
         sampling: SamplingConfig | None = None,
         dense: bool = False,
         compare_dense: bool = False,
+        long_prompts: LongPrompts = "refuse",
     ) -> GenerationReport:
         """Generate completions of prompts with batched, KV-cached skip-aware decoding (JSON lines out).
 
@@ -99,21 +110,31 @@ class SkipTrainer(L.Trainer):
                 for stdin.
             output: JSON-lines file for ``{"prompt", "completion", "num_tokens", "token_ids"}``, or ``-`` for stdout
                 (the summary goes to stderr).
-            max_new_tokens: Tokens generated per prompt at most; default ``model.generation.max_new_tokens``.
+            max_new_tokens: Tokens generated per prompt at most (>= 1); default ``model.generation.max_new_tokens``.
             batch_size: Prompts decoded together (left-padded to end at one column).
             sampling: Greedy by default; default ``model.generation.sampling``.
             dense: Decode with every layer, ignoring the schedule.
             compare_dense: Also decode the same prompts densely and report the measured speedup.
+            long_prompts: A prompt that leaves no room for ``max_new_tokens`` in the model's context length is
+                refused (``refuse``) or cut to its last tokens that fit, with a warning (``truncate``).
         """
+        max_new_tokens = _max_new_tokens(model, max_new_tokens)
         prompt_texts = read_prompts(prompts)
+        base_config = model.check_model()  # None for an export: its config is known once it is loaded
+        if base_config is not None:  # the prompts are checked before the weights load
+            prompt_texts = fit_prompts(model.get_tokenizer(), prompt_texts, context_length(base_config),
+                                       max_new_tokens, long_prompts)
         load_weights(model, ckpt_path, weights_only)
+        tokenizer = model.get_tokenizer()
+        if base_config is None:
+            prompt_texts = fit_prompts(tokenizer, prompt_texts, context_length(model.model.config), max_new_tokens,
+                                       long_prompts)
         device = self.strategy.root_device
         model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
         report = generate_report(
-            model.model, model.get_tokenizer(), model.schedule, prompt_texts, dense=dense, compare_dense=compare_dense,
-            max_new_tokens=max_new_tokens or model.generation.max_new_tokens, batch_size=batch_size,
-            sampling=sampling or model.generation.sampling, device=device,
-            context=self.precision_plugin.forward_context,
+            model.model, tokenizer, model.schedule, prompt_texts, dense=dense, compare_dense=compare_dense,
+            max_new_tokens=max_new_tokens, batch_size=batch_size, sampling=sampling or model.generation.sampling,
+            device=device, context=self.precision_plugin.forward_context,
         )
         write_completions(report.completions, output)
         rank_zero_info(report.summary())  # stderr: stdout may carry the JSON lines
@@ -194,13 +215,23 @@ class SkipTrainer(L.Trainer):
         model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
         written = write_vectors(
             model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,
-            max_new_tokens=max_new_tokens or model.generation.max_new_tokens, batch_size=batch_size, top=top,
+            max_new_tokens=_max_new_tokens(model, max_new_tokens), batch_size=batch_size, top=top,
             margin=DEFAULT_MARGIN if margin is None else margin, device=device,
             context=self.precision_plugin.forward_context,
         )
         rank_zero_info(f"skiptrain conformance: wrote {len(written['cases'])} cases of {written['max_new_tokens']} "
                        f"greedy tokens to {vectors}")
         return None
+
+
+def _max_new_tokens(model: SkipLM, given: int | None) -> int:
+    """``given``, or ``model.generation.max_new_tokens`` when left out; refused below 1."""
+    if given is None:
+        return model.generation.max_new_tokens
+    if given < 1:
+        raise UsageError(f"max_new_tokens={given} is invalid: allowed >= 1 (leave it out for "
+                         f"model.generation.max_new_tokens={model.generation.max_new_tokens})")
+    return given
 
 
 __all__ = ["SkipTrainer"]

@@ -339,15 +339,16 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(plain_model, tmp_
     assert (empty / SCHEDULE_FILE).is_file()
 
 
-def test_export_callback_refuses_a_non_empty_directory_before_training(tiny_model_dir, tmp_path):
+def test_export_callback_refuses_a_non_empty_directory_before_training(tiny_model_dir, tmp_path, capsys):
     target = tmp_path / "out"
     target.mkdir()
     (target / "keep.txt").write_text("precious")
-    with pytest.raises(ExportError, match="exists and is not empty"):
+    with pytest.raises(SystemExit, match="2"):
         main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "fit", "--data.task", "builtin",
                                 "--data.max_train_samples", "4", "--trainer.max_steps", "1",
                                 f"--trainer.callbacks+={EXPORT_CALLBACK % target}")])
-    assert not list((tmp_path / "fit").rglob("*.ckpt"))
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert not (tmp_path / "fit").exists()  # not even the run's config
 
 
 def test_adapter_only_needs_lora(plain_model, tmp_path):

@@ -1,0 +1,375 @@
+"""The command line's answer to user mistakes: one line naming the input, the right exit code, no traceback, nothing
+written. One table of bad inputs, each run through the real CLI in-process on a tiny model; a few also as real
+processes, to see what a console shows."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_training import tiny_args
+
+from skiptrain.cli import DEBUG_VARIABLE, main
+from skiptrain.export import SCHEDULE_FILE
+from skiptrain.schedules import ScheduleError
+
+USAGE, INPUT = 2, 1  # exit codes: an option or combination of options; an unusable input file
+ERROR_PREFIX = "skiptrain {}: error: "
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the cases start from: a tiny model, a LoRA fit run's checkpoint, its merged and adapter exports."""
+
+    model: str
+    other_model: str  # the same family with 2 layers instead of 4
+    ckpt: str
+    export: str
+    adapter: str
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny_model_dir, tmp_path_factory) -> Inputs:
+    root = tmp_path_factory.mktemp("inputs")
+    model = tiny_model_dir("llama")
+    main(["fit", *tiny_args(model, root / "fit", "--data.task", "builtin", "--data.max_train_samples", "4",
+                            "--model.lora", "{r: 4, alpha: 8, dropout: 0}", "--model.generation.num_batches", "0",
+                            "--trainer.max_steps", "1", "--trainer.limit_val_batches", "1")])
+    (ckpt,) = (root / "fit").rglob("*.ckpt")
+    main(["export", "--model.model", model, "--ckpt_path", str(ckpt), "--output_dir", str(root / "export")])
+    main(["export", "--model.model", model, "--ckpt_path", str(ckpt), "--output_dir", str(root / "adapter"),
+          "--adapter_only", "true"])
+    return Inputs(model, tiny_model_dir("llama", 2), str(ckpt), str(root / "export"), str(root / "adapter"))
+
+
+# -- broken inputs, written under the case's own folder ---------------------------------------------------------------
+def write(name: str, content: str | bytes) -> Callable[[Path, Inputs], None]:
+    def prepare(tmp: Path, inputs: Inputs) -> None:
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+
+    return prepare
+
+
+def copy_of(which: str, breaking: Callable[[Path], None]) -> Callable[[Path, Inputs], None]:
+    """Copy ``inputs.<which>`` to ``tmp/<which>`` and break the copy."""
+
+    def prepare(tmp: Path, inputs: Inputs) -> None:
+        source = Path(getattr(inputs, which))
+        target = tmp / which
+        shutil.copytree(source, target) if source.is_dir() else shutil.copy(source, target)
+        breaking(target)
+
+    return prepare
+
+
+def edit_schedule(**changes) -> Callable[[Path], None]:
+    def breaking(export: Path) -> None:
+        record = json.loads((export / SCHEDULE_FILE).read_text())
+        (export / SCHEDULE_FILE).write_text(json.dumps({**record, **changes}))
+
+    return breaking
+
+
+def truncate(name: str) -> Callable[[Path], None]:
+    def breaking(path: Path) -> None:
+        file = path / name if name else path
+        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+    return breaking
+
+
+def delete(name: str) -> Callable[[Path], None]:
+    return lambda export: (export / name).unlink()
+
+
+def without_eos(model: Path) -> None:
+    """A tokenizer with neither an EOS nor a pad token."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = model / name
+        if path.is_file():
+            config = json.loads(path.read_text())
+            for key in ("eos_token", "pad_token"):
+                config.pop(key, None)
+            path.write_text(json.dumps(config))
+    config = json.loads((model / "config.json").read_text())
+    config.update(eos_token_id=None, pad_token_id=None)
+    (model / "config.json").write_text(json.dumps(config))
+
+
+# -- the table -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """One bad input: the argv (``{model}``, ``{ckpt}``, ... ``{tmp}`` filled in), the exit code, and what the one
+    error line must say."""
+
+    name: str
+    argv: tuple[str, ...]
+    code: int
+    says: str
+    prepare: Callable[[Path, Inputs], None] | None = None
+
+
+def fit(*extra: str, schedule: tuple[str, ...] = ("--model.schedule", "SkipDecode", "--model.schedule.min_layers",
+                                                  "2")) -> tuple[str, ...]:
+    """A one-step fit of the tiny model on the built-in task, into ``{tmp}/run``, with ``extra`` options."""
+    args = tiny_args("{model}", Path("{tmp}/run"), "--data.task", "builtin", "--data.max_train_samples", "4",
+                     "--trainer.max_steps", "1", "--model.generation.num_batches", "0")
+    start = args.index("--model.schedule")
+    args[start:start + 6] = schedule  # tiny_args' schedule: --model.schedule SkipDecode and two of its options
+    return ("fit", *args, *extra)
+
+
+def skipdecode(**params) -> tuple[str, ...]:
+    return ("--model.schedule", "SkipDecode", *(a for k, v in params.items() for a in (f"--model.schedule.{k}", v)))
+
+
+def family(name: str, **params) -> tuple[str, ...]:
+    return ("--model.schedule", name, *(a for k, v in params.items() for a in (f"--model.schedule.{k}", v)))
+
+
+def data_file(name: str, content: str | bytes, *extra: str) -> dict:
+    """A fit on a local file ``name`` holding ``content`` (summarisation columns ``article``/``highlights``)."""
+    return dict(argv=fit("--data.task", "cnn_dailymail", "--data.data_files", f"{{train: {{tmp}}/{name}}}", *extra),
+                prepare=write(name, content))
+
+
+def generate(*extra: str, model: str = "{export}") -> tuple[str, ...]:
+    return ("generate", "--model.model", model, "--trainer.accelerator", "cpu", "--prompts", "{tmp}/prompts.txt",
+            "--output", "{tmp}/out.jsonl", "--max_new_tokens", "4", *extra)
+
+
+def with_prompts(content: str | bytes, *extra: str, name: str = "prompts.txt") -> dict:
+    return dict(argv=generate("--prompts", f"{{tmp}}/{name}", *extra), prepare=write(name, content))
+
+
+EXPORT_CALLBACK = '{"class_path": "skiptrain.callbacks.export.ExportCallback", "init_args": {"output_dir": "%s"}}'
+ROWS = "article,highlights\n" + "".join(f"The council of town {i} met on Monday.,Town {i} met.\n" for i in range(4))
+
+
+def export(*extra: str, ckpt: str = "{ckpt}") -> tuple[str, ...]:
+    return ("export", "--model.model", "{model}", "--ckpt_path", ckpt, "--output_dir", "{tmp}/out", *extra)
+
+
+CASES = [
+    # every schedule refusal, when the run starts (before its run directory is made)
+    Case("skipdecode_warmup_zero", fit(schedule=skipdecode(warmup_layers="0")), USAGE, "warmup_layers=0"),
+    Case("skipdecode_warmup_all", fit(schedule=skipdecode(warmup_layers="4")), USAGE, "warmup_layers=4"),
+    Case("skipdecode_min_not_above_warmup", fit(schedule=skipdecode(min_layers="1")), USAGE, "min_layers=1"),
+    Case("skipdecode_min_above_layers", fit(schedule=skipdecode(min_layers="5")), USAGE, "min_layers=5"),
+    Case("skipdecode_max_above_layers", fit(schedule=skipdecode(min_layers="2", max_layers="5")), USAGE,
+         "max_layers=5"),
+    Case("skipdecode_max_below_min", fit(schedule=skipdecode(min_layers="3", max_layers="2")), USAGE,
+         "max_layers=2"),
+    Case("skipdecode_decay_zero", fit(schedule=skipdecode(min_layers="2", decay_tokens="0")), USAGE,
+         "decay_tokens=0"),
+    Case("skipdecode_prompt_depth", fit(schedule=skipdecode(min_layers="2", prompt_depth="some")), USAGE,
+         "prompt_depth"),
+    Case("hierarchical_no_boundaries", fit(schedule=family("Hierarchical", phase_boundaries="[]")), USAGE,
+         "phase_boundaries=[]"),
+    Case("hierarchical_unsorted_boundaries", fit(schedule=family("Hierarchical", phase_boundaries="[4, 2]")), USAGE,
+         "phase_boundaries=[4, 2]"),
+    Case("hierarchical_max_level_zero", fit(schedule=family("Hierarchical", max_level="0")), USAGE, "max_level=0"),
+    Case("hierarchical_stride_too_wide", fit(schedule=family("Hierarchical", phase_boundaries="[0, 2]")), USAGE,
+         "max_level=2"),
+    Case("hierarchical_warmup_all", fit(schedule=family("Hierarchical", warmup_layers="4")), USAGE,
+         "warmup_layers=4"),
+    Case("static_neither_layers_nor_depth", fit(schedule=family("Static")), USAGE, "layers/depth"),
+    Case("static_depth_one", fit(schedule=family("Static", depth="1")), USAGE, "depth=1"),
+    Case("static_depth_above_layers", fit(schedule=family("Static", depth="5")), USAGE, "depth=5"),
+    Case("static_layers_without_zero", fit(schedule=family("Static", layers="[1, 2]")), USAGE,
+         "a set containing layer 0"),
+    Case("static_layers_out_of_range", fit(schedule=family("Static", layers="[0, 7]")), USAGE,
+         "layer indices in [0, 3]"),
+    Case("schedule_missing", fit(schedule=()), USAGE, "model.schedule is required"),
+    Case("schedule_unknown_family", fit(schedule=family("Turbo")), USAGE, "Turbo"),
+    # configuration
+    Case("unknown_option", fit("--model.schedule.min_layer", "3"), USAGE, "min_layer"),
+    Case("lr_schedule", fit("--model.lr_schedule", "step"), USAGE, "lr_schedule"),
+    Case("learning_rate", fit("--model.learning_rate", "-1"), USAGE, "learning_rate=-1"),
+    Case("distillation_temperature", fit("--model.distillation", "{temperature: 0}"), USAGE,
+         "distillation.temperature=0"),
+    Case("base_teacher_without_lora", fit("--model.distillation", "{teacher: base}"), USAGE,
+         "teacher='base' needs lora"),
+    Case("init_from_missing", fit("--model.init_from", "{tmp}/nope.ckpt"), USAGE, "init_from="),
+    Case("task", fit("--data.task", "poetry"), USAGE, "task='poetry'"),
+    Case("prompt_template", fit("--data.prompt_template", "no placeholder"), USAGE, "prompt_template"),
+    Case("data_batch_size", fit("--data.batch_size", "0"), USAGE, "batch_size must be >= 1"),
+    Case("template_longer_than_max_source", fit("--data.max_source_tokens", "2"), USAGE, "max_source_tokens=2"),
+    Case("target_beyond_the_context", fit("--data.max_target_tokens", "500"), USAGE,
+         "exceeds the model's context length of 256"),
+    Case("unavailable_accelerator", fit("--trainer.accelerator", "cuda"), USAGE, "accelerator"),
+    Case("precision", fit("--trainer.precision", "7"), USAGE, "precision"),
+    Case("export_callback_target_not_empty", fit(f"--trainer.callbacks+={EXPORT_CALLBACK % '{tmp}/out'}"), USAGE,
+         "exists and is not empty", write("out/keep.txt", "precious")),
+    # models
+    Case("model_path_missing", ("fit", *fit()[1:], "--model.model", "/nonexistent/model"), INPUT,
+         "model='/nonexistent/model': no such file or directory"),
+    Case("model_dir_not_a_model", ("fit", *fit()[1:], "--model.model", "{tmp}/empty"), INPUT,
+         "neither a Hugging Face model directory nor a skiptrain export", write("empty/notes.txt", "")),
+    Case("model_hub_id_offline", ("fit", *fit()[1:], "--model.model", "nobody/no-such-model"), INPUT,
+         "bundled offline model 'smollm2-135m-instruct'"),
+    Case("tokenizer_without_eos_or_pad", ("fit", *fit()[1:], "--model.model", "{tmp}/model"), INPUT,
+         "has no eos_token", copy_of("model", without_eos)),
+    # data
+    Case("data_file_missing", fit("--data.task", "cnn_dailymail", "--data.data_files", "{train: {tmp}/nope.csv}"),
+         INPUT, "nope.csv does not exist"),
+    Case("data_wrong_columns", **data_file("news.csv", "text,summary\na,b\n"), code=INPUT,
+         says="missing column(s) ['article', 'highlights']"),
+    Case("data_empty_split", **data_file("news.csv", "article,highlights\n"), code=INPUT, says="is empty"),
+    Case("data_no_usable_rows", **data_file("news.csv", 'article,highlights\n" ",x\n'), code=INPUT,
+         says="no usable rows"),
+    Case("data_binary_file", **data_file("news.csv", bytes(range(256)) * 8), code=INPUT, says="could not be read"),
+    Case("data_bad_encoding", **data_file("news.csv", ROWS.encode() + "caf\xe9,x\n".encode("latin-1")), code=INPUT,
+         says="could not be read"),
+    Case("data_unsupported_extension", **data_file("news.xlsx", ROWS), code=INPUT, says="unsupported extension"),
+    Case("data_training_split_missing",
+         fit("--data.task", "cnn_dailymail", "--data.data_files", "{validation: {tmp}/news.csv}"), INPUT,
+         "split 'train' not in data_files", write("news.csv", ROWS)),
+    # checkpoints
+    Case("ckpt_missing", export(ckpt="{tmp}/nope.ckpt"), INPUT, "no such file or directory"),
+    Case("ckpt_truncated", export(ckpt="{tmp}/ckpt"), INPUT, "truncated", copy_of("ckpt", truncate(""))),
+    Case("ckpt_not_a_checkpoint", export(ckpt="{tmp}/notes.ckpt"), INPUT, "not a torch checkpoint",
+         write("notes.ckpt", "hello")),
+    Case("ckpt_of_another_architecture", ("export", "--model.model", "{other_model}", "--ckpt_path", "{ckpt}",
+                                          "--output_dir", "{tmp}/out"), INPUT, "does not match"),
+    # exports
+    Case("export_bad_json", generate(model="{tmp}/export"), INPUT, "is not valid JSON",
+         copy_of("export", lambda e: (e / SCHEDULE_FILE).write_text('{"format": '))),
+    Case("export_unknown_schema_version", generate(model="{tmp}/export"), INPUT, "schema_version=2 is not supported",
+         copy_of("export", edit_schedule(schema_version=2))),
+    Case("export_layers_not_nested", generate(model="{tmp}/export"), INPUT, "(nesting)",
+         copy_of("export", edit_schedule(executed_layers=[[0, 3], [0, 2, 3]]))),
+    Case("export_layer_count_mismatch", generate(model="{tmp}/export"), INPUT, "does not match the model's 4",
+         copy_of("export", edit_schedule(num_layers=3, prompt_layers=[0, 1, 2], executed_layers=[[0, 2]],
+                                         family="custom", params={}))),
+    Case("export_weights_missing", generate(model="{tmp}/export"), INPUT, "its weights are missing",
+         copy_of("export", delete("model.safetensors"))),
+    Case("export_weights_truncated", generate(model="{tmp}/export"), INPUT, "is truncated or corrupt",
+         copy_of("export", truncate("model.safetensors"))),
+    Case("export_schedule_lost", generate(model="{tmp}/export"), INPUT, "has lost its schedule",
+         copy_of("export", delete(SCHEDULE_FILE))),
+    Case("adapter_export_base_missing", generate(model="{tmp}/adapter"), INPUT, "no such file or directory",
+         copy_of("adapter", edit_schedule(base_model="/nonexistent/base"))),
+    # prompts and generation options
+    Case("prompts_missing", generate("--prompts", "{tmp}/nope.txt"), INPUT, "prompts="),
+    Case("prompts_bad_json_line", **with_prompts('{"prompt": "a"}\n{"prompt": \n', name="p.jsonl"), code=INPUT,
+         says="line 2: not valid JSON"),
+    Case("prompts_without_prompt_field", **with_prompts('{"text": "a"}\n', name="p.jsonl"), code=INPUT,
+         says="line 1: expected an object with a string 'prompt' field"),
+    Case("prompts_empty", **with_prompts("\n\n"), code=INPUT, says="no prompts"),
+    Case("prompts_binary", **with_prompts(bytes(range(128, 256))), code=INPUT, says="cannot be read as UTF-8"),
+    Case("prompt_beyond_the_context", **with_prompts("word " * 400 + "\n"), code=INPUT,
+         says="exceeds the model's context length of 256 tokens"),
+    Case("max_new_tokens_zero", generate("--max_new_tokens", "0"), USAGE, "max_new_tokens=0"),
+    Case("max_new_tokens_fill_the_context", generate("--max_new_tokens", "256"), USAGE, "max_new_tokens=256"),
+    Case("generate_batch_size_zero", generate("--batch_size", "0"), USAGE, "batch_size=0"),
+    Case("sampling_temperature", generate("--sampling.do_sample", "true", "--sampling.temperature", "0"), USAGE,
+         "temperature=0"),
+    Case("sampling_top_p", generate("--sampling.top_p", "1.5"), USAGE, "top_p=1.5"),
+    Case("long_prompts_choice", generate("--long_prompts", "cut"), USAGE, "long_prompts"),
+    Case("export_with_a_checkpoint", generate("--ckpt_path", "{ckpt}"), USAGE, "is an export"),
+    # export options
+    Case("export_target_not_empty", export(), USAGE, "exists and is not empty", write("out/keep.txt", "precious")),
+    Case("export_target_is_a_file", export(), USAGE, "is a file, not a directory", write("out", "a file")),
+    Case("adapter_only_without_lora", ("export", "--model.model", "{model}", "--model.schedule", "SkipDecode",
+                                       "--model.schedule.min_layers", "2", "--output_dir", "{tmp}/out",
+                                       "--adapter_only", "true"), USAGE, "adapter_only=True needs a LoRA model"),
+]
+
+
+def snapshot(folder: Path) -> dict[str, int]:
+    """Every path under ``folder`` with its size (-1 for a directory)."""
+    return {str(p.relative_to(folder)): -1 if p.is_dir() else p.stat().st_size for p in folder.rglob("*")}
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """Run the CLI in-process; its exit code and stderr."""
+    capsys.readouterr()
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as err:
+        code = err.code if isinstance(err.code, int) else 1
+    return code, capsys.readouterr().err
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(("skiptrain ", "error: ")) and "error: " in line]
+
+
+def test_the_battery_is_large_and_names_are_unique():
+    assert len(CASES) >= 50
+    assert len({case.name for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_a_bad_input_gets_one_line_the_exit_code_and_writes_nothing(case, inputs, tmp_path, capsys):
+    (tmp_path / "prompts.txt").write_text("Forecast:\n")  # what generate reads unless the case says otherwise
+    if case.prepare is not None:
+        case.prepare(tmp_path, inputs)
+    before = snapshot(tmp_path)
+    argv = [fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in case.argv]
+    code, stderr = run_cli(argv, capsys)
+    lines = error_lines(stderr)
+    assert "Traceback" not in stderr, stderr
+    assert code == case.code, stderr
+    assert len(lines) == 1, stderr
+    assert case.says in lines[0], lines[0]
+    if not lines[0].startswith("error: "):  # the parser's own errors follow its usage text
+        assert lines[0].startswith(ERROR_PREFIX.format(case.argv[0])), lines[0]
+    assert snapshot(tmp_path) == before, "the failed command wrote or removed files"
+
+
+def fill(arg: str, values: dict[str, str]) -> str:
+    """``arg`` with ``{model}``, ``{tmp}``, ... replaced (other braces, e.g. YAML flow mappings, kept)."""
+    for key, value in values.items():
+        arg = arg.replace("{" + key + "}", value)
+    return arg
+
+
+def test_debug_shows_the_traceback(inputs, tmp_path, monkeypatch):
+    monkeypatch.setenv(DEBUG_VARIABLE, "1")
+    with pytest.raises(ScheduleError, match="min_layers=5"):
+        main([fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in fit(schedule=skipdecode(min_layers="5"))])
+
+
+def test_a_bug_keeps_its_traceback(inputs, tmp_path):
+    crash = '{"class_path": "interrupt.CrashAtEpoch", "init_args": {"epoch": 0}}'
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main([fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in fit(f"--trainer.callbacks+={crash}")])
+
+
+@pytest.mark.parametrize(("argv", "code", "says"), [
+    (fit(schedule=skipdecode(min_layers="25")), USAGE, "skiptrain fit: error: min_layers=25 is invalid"),
+    (("export", "--model.model", "{model}", "--ckpt_path", "{tmp}/nope.ckpt", "--output_dir", "{tmp}/out"), INPUT,
+     "skiptrain export: error: checkpoint"),
+], ids=["usage", "input"])
+def test_the_console_shows_one_line_and_no_traceback(argv, code, says, inputs, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), str(Path(__file__).parent)])}
+    env.pop(DEBUG_VARIABLE, None)
+    done = subprocess.run([sys.executable, "-m", "skiptrain", *(fill(a, {"tmp": str(tmp_path), **vars(inputs)})
+                                                                for a in argv)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = error_lines(done.stderr)
+    assert line.startswith(says), done.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_long_prompt_is_truncated_on_request(inputs, tmp_path):
+    (tmp_path / "prompts.txt").write_text("word " * 400 + "\nForecast:\n")
+    with pytest.warns(UserWarning, match=r"prompt 1 has \d+ tokens; truncated to its last 252"):
+        main([fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in generate("--long_prompts", "truncate")])
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and rows[1]["prompt"] == "Forecast:"
+    assert rows[0]["prompt"].endswith("word ") and len(rows[0]["prompt"]) < 400 * len("word ")
