@@ -1,10 +1,10 @@
-"""Command line: ``python -m skiptrain fit|validate|test|predict|export|generate|evaluate --config recipe.yaml``.
+"""Command line: ``python -m skiptrain fit|validate|test|predict|export|generate|evaluate|calibrate --config x.yaml``.
 
-``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's; ``export``, ``generate`` and ``evaluate`` are
-methods of :class:`~skiptrain.trainer.SkipTrainer` whose typed arguments become options (``--output_dir``,
-``--prompts``, ...). A subcommand whose method takes ``datamodule=None`` (``export``, ``generate``) needs no data
-module: for it the ``data`` section is optional. Adding a subcommand is a SkipTrainer method and one line in
-:meth:`SkipCLI.subcommands`.
+``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's; ``export``, ``generate``, ``evaluate`` and
+``calibrate`` are methods of :class:`~skiptrain.trainer.SkipTrainer` whose typed arguments become options
+(``--output_dir``, ``--prompts``, ...). A subcommand whose method takes ``datamodule=None`` (``export``,
+``generate``) needs no data module: for it the ``data`` section is optional. Adding a subcommand is a SkipTrainer
+method and one line in :meth:`SkipCLI.subcommands`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class SkipCLI(LightningCLI):
             "export": FROM_CONFIG,
             "generate": FROM_CONFIG,
             "evaluate": FROM_CONFIG,
+            "calibrate": FROM_CONFIG,
         }
 
     def _data_optional(self) -> bool:

@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -370,6 +371,21 @@ def _move_into_place(staging: Path, target: Path) -> None:
         shutil.rmtree(retired, ignore_errors=True)
 
 
+@contextmanager
+def staged_directory(target: Path) -> Iterator[Path]:
+    """A temporary directory beside ``target`` to write into: moved into place (replacing ``target``) when the
+    block ends, removed with everything in it when the block raises."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        _use_default_permissions(staging)
+        yield staging
+        _move_into_place(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def _num_layers(model: nn.Module) -> int:
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     return base.config.num_hidden_layers
@@ -408,18 +424,11 @@ def write_export(
     target = check_target(output_dir, overwrite)
     check_schedule_fits(schedule, _num_layers(model), f"the schedule to export with {type(model).__name__}")
     record = dataclasses.replace(record, schedule=schedule, producer=producer())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        _use_default_permissions(staging)
+    with staged_directory(target) as staging:
         _write_weights(model, staging, adapter_only, in_place)
         tokenizer.save_pretrained(str(staging))
         _write_record(staging, record, adapter_only)
         verify_export(staging)
-        _move_into_place(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     rank_zero_info(f"skiptrain: exported to {target} ({'adapter' if adapter_only else 'merged weights'}, schedule "
                    f"{schedule.family}: {cost_summary(schedule, [schedule.span])}, the schedule's span)")
     return target

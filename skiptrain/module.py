@@ -140,8 +140,8 @@ class SkipLM(L.LightningModule):
     Args:
         model: Hugging Face hub id, local directory, ``.gguf`` file, or a bundled short name
             (``smollm2-135m-instruct``).
-        schedule: The skip schedule family and parameters (``SkipDecode``, ``Hierarchical``, ``Static``,
-            ``Dense``); the layer count comes from the loaded model. There is no default: required, except
+        schedule: The skip schedule family and parameters (``SkipDecode``, ``Ranked``, ``Hierarchical``,
+            ``Static``, ``Dense``); the layer count comes from the loaded model. There is no default: required, except
             when ``model`` is an export directory, whose ``skip_schedule.json`` is used.
         lora: LoRA settings; ``null`` fine-tunes every weight.
         distillation: Distillation from a teacher at full depth; ``null`` disables it.
@@ -182,7 +182,8 @@ class SkipLM(L.LightningModule):
         super().__init__()
         if schedule is not None and not isinstance(schedule, ScheduleFamily):
             raise ValueError(f"schedule={schedule!r} is invalid: allowed a schedule family (SkipDecode, "
-                             "Hierarchical, Static, Dense), e.g. schedule=SkipDecode(min_layers=..., max_layers=...)")
+                             "Ranked, Hierarchical, Static, Dense), e.g. schedule=SkipDecode(min_layers=..., "
+                             "max_layers=...)")
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule={lr_schedule!r} is invalid: allowed {sorted(LR_SCHEDULES)}")
         if learning_rate <= 0:
@@ -236,8 +237,9 @@ class SkipLM(L.LightningModule):
             return
         if self.schedule_family is None:
             raise ValueError(f"model.schedule is required for model={self.model_name!r} (no default schedule): "
-                             "allowed SkipDecode, Hierarchical, Static or Dense, e.g. --model.schedule SkipDecode "
-                             "--model.schedule.min_layers 8; only an export directory brings its own schedule")
+                             "allowed SkipDecode, Ranked, Hierarchical, Static or Dense, e.g. --model.schedule "
+                             "SkipDecode --model.schedule.min_layers 8; only an export directory brings its own "
+                             "schedule")
         model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation).train()
         self.schedule = self.schedule_family.build(model.config.num_hidden_layers)
         if self.hparams.init_from is not None:
