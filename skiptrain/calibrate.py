@@ -175,7 +175,7 @@ def search_candidates(
     num_layers: int,
     lengths: Sequence[int],
     ranking: Sequence[int],
-    per_target: int = 4,
+    per_target: int = 2,
     tolerance: float = 0.1,
 ) -> list[ScheduleFamily]:
     """For each target and family, up to ``per_target`` configurations whose realised ideal speedup over
@@ -344,7 +344,7 @@ def calibrate(
     targets: Sequence[float] = (1.5, 2.0, 3.0),
     families: Sequence[str] = SEARCHED_FAMILIES,
     grid: Mapping[str, Mapping[str, Sequence[Any]]] | None = None,
-    per_target: int = 4,
+    per_target: int = 2,
     tolerance: float = 0.1,
     generation_batches: Sequence[Mapping[str, Any]] = (),
     metric: str | None = None,

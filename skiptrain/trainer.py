@@ -156,7 +156,7 @@ class SkipTrainer(L.Trainer):
         families: list[str] | None = None,
         grid: str | None = None,
         num_batches: int = -1,
-        per_target: int = 4,
+        per_target: int = 2,
         tolerance: float = 0.1,
         generation_batches: int = 0,
         overwrite: bool = False,
