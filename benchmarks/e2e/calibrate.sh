@@ -18,7 +18,7 @@ run() { nice -n 5 taskset -c "${CORE:-0}" "$@"; }
   --config benchmarks/levers/lora_all_r64.yaml --config benchmarks/e2e/schedule_dense.yaml --ckpt_path "$checkpoint" \
   --output_dir "$out/sweep" --targets '[1.25, 1.5, 2.0, 2.5, 3.0]' --families '[skipdecode, ranked, hierarchical]' \
   --per_target 2 --num_batches 2
-for target in 1.5x 2x 3x; do
+for target in 2x 1.5x 3x; do
   for family in skipdecode ranked hierarchical; do
     [ -e "$out/${family}_$target.test.json" ] || run python benchmarks/e2e/score.py --name "dense+lora_all_r64@${family}_$target" \
       --checkpoint "$checkpoint" --decode-schedule "$out/sweep/schedule_${target}_$family.yaml" --data "$TEST_DATA" \
