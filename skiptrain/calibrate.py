@@ -26,7 +26,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from skiptrain.batch import IGNORE_INDEX
 from skiptrain.families import decoder_parts
+from skiptrain.forward import skip_hidden_states
 from skiptrain.losses import target_cross_entropy
 from skiptrain.schedules import (
     FAMILIES,
@@ -121,7 +122,8 @@ def layer_cosines(module: SkipLM, batches: Iterable[Mapping[str, Any]]) -> list[
             selected = torch.zeros_like(batch["labels"], dtype=torch.bool)
             selected[:, :-1] = batch["labels"][:, 1:] != IGNORE_INDEX  # column c predicts the token at c + 1
             count += int(selected.sum())
-            module._hidden(batch, dense)
+            skip_hidden_states(module.model, batch["input_ids"], batch["attention_mask"], dense,
+                               batch["prompt_length"], parts=parts)
     finally:
         for handle in handles:
             handle.remove()
@@ -252,13 +254,9 @@ class Candidate:
     def name(self) -> str:
         return self.family.name
 
-    def params(self) -> dict[str, Any]:
-        """The family's parameters as a recipe writes them (lists, not tuples)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.family).items()}
-
     def row(self) -> dict[str, Any]:
         """One flat row of the table."""
-        return {"family": self.name, "params": self.params(), "loss": self.loss, "perplexity": self.perplexity,
+        return {"family": self.name, "params": self.family.params(), "loss": self.loss, "perplexity": self.perplexity,
                 "mean_layers": self.mean_layers, "ideal_speedup": self.ideal_speedup, **self.generation}
 
 

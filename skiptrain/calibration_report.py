@@ -55,7 +55,7 @@ def fragment(candidate: Candidate, calibration: Calibration, target: float | Non
         "validation examples",
         *(f"# {k}: {v:.4f} (greedy, validation subset)" for k, v in candidate.generation.items()),
     ]
-    schedule = {"class_path": f"skiptrain.{FAMILIES[candidate.name].__name__}", "init_args": candidate.params()}
+    schedule = {"class_path": f"skiptrain.{FAMILIES[candidate.name].__name__}", "init_args": candidate.family.params()}
     body = yaml.safe_dump({"model": {"schedule": schedule}}, sort_keys=False, default_flow_style=None, width=120)
     return "\n".join(header) + "\n" + body
 

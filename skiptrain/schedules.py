@@ -274,8 +274,11 @@ class ScheduleFamily:
         _require(self.prompt_depth in ("all", "max"), "prompt_depth", self.prompt_depth, "'all' or 'max'")
         sets = self.executed_sets(num_layers)
         prompt = tuple(range(num_layers)) if self.prompt_depth == "all" else sets[0]
-        params = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-        return SkipSchedule(num_layers, prompt, tuple(sets), family=self.name, params=params)
+        return SkipSchedule(num_layers, prompt, tuple(sets), family=self.name, params=self.params())
+
+    def params(self) -> dict[str, Any]:
+        """The parameters as a recipe or ``skip_schedule.json`` writes them (lists, not tuples)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
