@@ -20,6 +20,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 _LAZY: dict[str, str] = {
     "Dense": "skiptrain.schedules",
     "Hierarchical": "skiptrain.schedules",
+    "Ranked": "skiptrain.schedules",
     "ScheduleError": "skiptrain.schedules",
     "ScheduleFamily": "skiptrain.schedules",
     "SkipDecode": "skiptrain.schedules",
@@ -43,6 +44,7 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
     "ExportedModel",
     "GenerationOutput",
     "Hierarchical",
+    "Ranked",
     "SamplingConfig",
     "ScheduleError",
     "ScheduleFamily",
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from skiptrain.schedules import (
         Dense,
         Hierarchical,
+        Ranked,
         ScheduleError,
         ScheduleFamily,
         SkipDecode,

@@ -1,10 +1,10 @@
-"""Command line: ``python -m skiptrain fit|validate|test|predict|export|generate|evaluate|conformance ...``.
+"""Command line: ``python -m skiptrain fit|validate|test|predict|export|generate|evaluate|calibrate|conformance ...``.
 
-``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's; ``export``, ``generate``, ``evaluate`` and
-``conformance`` are methods of :class:`~skiptrain.trainer.SkipTrainer` whose typed arguments become options
-(``--output_dir``, ``--prompts``, ...). A subcommand whose method takes ``datamodule=None`` (``export``,
-``generate``, ``conformance``) needs no data module: for it the ``data`` section is optional. Adding a subcommand
-is a SkipTrainer method and one line in :meth:`SkipCLI.subcommands`.
+``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's; ``export``, ``generate``, ``evaluate``,
+``calibrate`` and ``conformance`` are methods of :class:`~skiptrain.trainer.SkipTrainer` whose typed arguments
+become options (``--output_dir``, ``--prompts``, ...). A subcommand whose method takes ``datamodule=None``
+(``export``, ``generate``, ``conformance``) needs no data module: for it the ``data`` section is optional. Adding a
+subcommand is a SkipTrainer method and one line in :meth:`SkipCLI.subcommands`.
 
 Errors in the user's input (:class:`~skiptrain.errors.SkiptrainError`, and Lightning's
 ``MisconfigurationException``, e.g. an accelerator this machine lacks) end the command with one line on stderr,
@@ -59,6 +59,7 @@ class SkipCLI(LightningCLI):
             "export": FROM_CONFIG,
             "generate": FROM_CONFIG,
             "evaluate": FROM_CONFIG,
+            "calibrate": FROM_CONFIG,
             "conformance": FROM_CONFIG,
         }
 

@@ -31,6 +31,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -474,6 +475,23 @@ def _move_into_place(staging: Path, target: Path, overwrite: bool) -> None:
         shutil.rmtree(retired, ignore_errors=True)
 
 
+@contextmanager
+def staged_directory(target: Path, overwrite: bool = False) -> Iterator[Path]:
+    """A temporary directory beside ``target`` to write into: moved into place when the block ends (replacing
+    ``target`` only with ``overwrite``, see :func:`_move_into_place`), removed with everything in it when the block
+    raises. Staging directories of killed writers are cleared first (:func:`remove_stale_staging`)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(target)
+    staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(target)}{os.getpid()}-", dir=target.parent))
+    try:
+        _use_default_permissions(staging)
+        yield staging
+        _move_into_place(staging, target, overwrite)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def _num_layers(model: nn.Module) -> int:
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     return base.config.num_hidden_layers
@@ -512,19 +530,11 @@ def write_export(
     target = check_target(output_dir, overwrite)
     check_schedule_fits(schedule, _num_layers(model), f"the schedule to export with {type(model).__name__}")
     record = dataclasses.replace(record, schedule=schedule, producer=producer())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(target)
-    staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(target)}{os.getpid()}-", dir=target.parent))
-    try:
-        _use_default_permissions(staging)
+    with staged_directory(target, overwrite) as staging:
         _write_weights(model, staging, adapter_only, in_place)
         tokenizer.save_pretrained(str(staging))
         _write_record(staging, record, adapter_only)
         verify_export(staging)
-        _move_into_place(staging, target, overwrite)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     rank_zero_info(f"skiptrain: exported to {target} ({'adapter' if adapter_only else 'merged weights'}, schedule "
                    f"{schedule.family}: {cost_summary(schedule, [schedule.span])}, the schedule's span)")
     return target

@@ -27,8 +27,8 @@ from torch import nn
 
 from skiptrain.batch import collate_prompts
 from skiptrain.encoding import tokenize_prompts
-from skiptrain.families import decoder_parts
 from skiptrain.errors import PromptError, UsageError
+from skiptrain.families import decoder_parts
 from skiptrain.generation import SamplingConfig, generate
 from skiptrain.schedules import Dense, SkipSchedule
 from skiptrain.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup

@@ -143,8 +143,8 @@ class SkipLM(L.LightningModule):
     Args:
         model: Hugging Face hub id, local directory, ``.gguf`` file, or a bundled short name
             (``smollm2-135m-instruct``).
-        schedule: The skip schedule family and parameters (``SkipDecode``, ``Hierarchical``, ``Static``,
-            ``Dense``); the layer count comes from the loaded model. There is no default: required, except
+        schedule: The skip schedule family and parameters (``SkipDecode``, ``Ranked``, ``Hierarchical``,
+            ``Static``, ``Dense``); the layer count comes from the loaded model. There is no default: required, except
             when ``model`` is an export directory, whose ``skip_schedule.json`` is used.
         lora: LoRA settings; ``null`` fine-tunes every weight.
         distillation: Distillation from a teacher at full depth; ``null`` disables it.
@@ -185,7 +185,8 @@ class SkipLM(L.LightningModule):
         super().__init__()
         if schedule is not None and not isinstance(schedule, ScheduleFamily):
             raise UsageError(f"schedule={schedule!r} is invalid: allowed a schedule family (SkipDecode, "
-                             "Hierarchical, Static, Dense), e.g. schedule=SkipDecode(min_layers=..., max_layers=...)")
+                             "Ranked, Hierarchical, Static, Dense), e.g. schedule=SkipDecode(min_layers=..., "
+                             "max_layers=...)")
         if lr_schedule not in LR_SCHEDULES:
             raise UsageError(f"lr_schedule={lr_schedule!r} is invalid: allowed {sorted(LR_SCHEDULES)}")
         if learning_rate <= 0:
@@ -237,8 +238,9 @@ class SkipLM(L.LightningModule):
     def _schedule_family(self) -> ScheduleFamily:
         if self.schedule_family is None:
             raise UsageError(f"model.schedule is required for model={self.model_name!r} (no default schedule): "
-                             "allowed SkipDecode, Hierarchical, Static or Dense, e.g. --model.schedule SkipDecode "
-                             "--model.schedule.min_layers 8; only an export directory brings its own schedule")
+                             "allowed SkipDecode, Ranked, Hierarchical, Static or Dense, e.g. --model.schedule "
+                             "SkipDecode --model.schedule.min_layers 8; only an export directory brings its own "
+                             "schedule")
         return self.schedule_family
 
     def check_model(self) -> PretrainedConfig | None:

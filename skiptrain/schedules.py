@@ -47,8 +47,8 @@ class SkipSchedule:
         prompt_layers: Layers run by every prompt column, ascending.
         executed_layers: Entry ``g`` holds the layers run by the token at generated index ``g``, ascending;
             indices past the end use the last entry.
-        family: Name of the family that built the schedule (``skipdecode``, ``hierarchical``, ``static``,
-            ``dense``), or ``explicit`` for one given only as layer lists.
+        family: Name of the family that built the schedule (``skipdecode``, ``ranked``, ``hierarchical``,
+            ``static``, ``dense``), or ``explicit`` for one given only as layer lists.
         params: The family's parameters as configured (for the export's ``params`` key).
     """
 
@@ -276,8 +276,11 @@ class ScheduleFamily:
         _require(self.prompt_depth in ("all", "max"), "prompt_depth", self.prompt_depth, "'all' or 'max'")
         sets = self.executed_sets(num_layers)
         prompt = tuple(range(num_layers)) if self.prompt_depth == "all" else sets[0]
-        params = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-        return SkipSchedule(num_layers, prompt, tuple(sets), family=self.name, params=params)
+        return SkipSchedule(num_layers, prompt, tuple(sets), family=self.name, params=self.params())
+
+    def params(self) -> dict[str, Any]:
+        """The parameters as a recipe or ``skip_schedule.json`` writes them (lists, not tuples)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -319,6 +322,34 @@ class SkipDecode(ScheduleFamily):
     def executed_sets(self, num_layers: int) -> list[tuple[int, ...]]:
         bottom = tuple(range(self.warmup_layers))
         return [bottom + tuple(range(num_layers - (n - self.warmup_layers), num_layers))
+                for n in _trim_constant_tail(self.layer_counts(num_layers))]
+
+
+@dataclass(frozen=True)
+class Ranked(SkipDecode):
+    """SkipDecode's linear decay of ``n(g)`` over a fixed ranking of the layers instead of the top block.
+
+    The token at generated index ``g`` runs the bottom ``warmup_layers`` plus the first ``n(g) - warmup_layers``
+    layers of ``ranking`` that are not warm-up layers, with ``n(g)`` exactly as in :class:`SkipDecode`. Every set
+    is a prefix of one ranking, so the sets are nested by construction. ``ranking`` is a permutation of all
+    layers, most important first (``skiptrain calibrate`` measures one); the position of a warm-up layer in it
+    does not matter. With the ranking ``L-1, L-2, ..., 0`` this is SkipDecode itself.
+    """
+
+    name: ClassVar[str] = "ranked"
+
+    ranking: tuple[int, ...] = ()
+    """Every decoder layer once, most important first."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranking", tuple(self.ranking))
+
+    def executed_sets(self, num_layers: int) -> list[tuple[int, ...]]:
+        _require(sorted(self.ranking) == list(range(num_layers)), "ranking", list(self.ranking),
+                 f"a permutation of the layers 0..{num_layers - 1} (each once, most important first)")
+        bottom = tuple(range(self.warmup_layers))
+        order = [layer for layer in self.ranking if layer >= self.warmup_layers]
+        return [tuple(sorted(bottom + tuple(order[: n - self.warmup_layers])))
                 for n in _trim_constant_tail(self.layer_counts(num_layers))]
 
 
@@ -405,7 +436,9 @@ class Dense(ScheduleFamily):
         return [tuple(range(num_layers))]
 
 
-FAMILIES: dict[str, type[ScheduleFamily]] = {f.name: f for f in (SkipDecode, Hierarchical, Static, Dense)}
+FAMILIES: dict[str, type[ScheduleFamily]] = {
+    f.name: f for f in (SkipDecode, Ranked, Hierarchical, Static, Dense)
+}
 
 
 def anneal_from_dense(target: SkipSchedule, progress: float) -> SkipSchedule:

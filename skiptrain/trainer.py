@@ -1,11 +1,13 @@
-"""The Lightning ``Trainer`` with skiptrain's own subcommands: ``export``, ``generate``, ``evaluate``, ``conformance``.
+"""The Lightning ``Trainer`` with skiptrain's own subcommands: ``export``, ``generate``, ``evaluate``, ``calibrate``
+and ``conformance``.
 
 LightningCLI turns every Trainer method named in :meth:`skiptrain.cli.SkipCLI.subcommands` into a subcommand whose
 typed arguments become options, so ``python -m skiptrain export --ckpt_path x.ckpt --output_dir out/`` calls
 :meth:`SkipTrainer.export` with the model (and data module) built from the config. Each method adapts the
 trainer's device and precision to a library function: :func:`~skiptrain.runs.export_checkpoint`,
 :func:`~skiptrain.inference.generate_report`, :func:`~skiptrain.evaluation.evaluate_against_dense`,
-:func:`~skiptrain.conformance.write_vectors` and :func:`~skiptrain.conformance.check_outputs`.
+:func:`~skiptrain.calibrate.calibrate`, :func:`~skiptrain.conformance.write_vectors` and
+:func:`~skiptrain.conformance.check_outputs`.
 
 The model is given as usual by ``--model.model`` (or a recipe / a run's ``config.yaml``) and can be:
 
@@ -16,11 +18,17 @@ The model is given as usual by ``--model.model`` (or a recipe / a run's ``config
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
+import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
+from skiptrain.calibrate import SEARCHED_FAMILIES, Calibration, calibrate
+from skiptrain.calibration_report import require_matplotlib, write_calibration
 from skiptrain.conformance import (
     DEFAULT_MARGIN,
     DEFAULT_TOP,
@@ -31,8 +39,9 @@ from skiptrain.conformance import (
     write_vectors,
 )
 from skiptrain.data import SkipDataModule
-from skiptrain.errors import UsageError
+from skiptrain.errors import DataError, InputError, UsageError
 from skiptrain.evaluation import evaluate_against_dense
+from skiptrain.export import check_target
 from skiptrain.generation import SamplingConfig
 from skiptrain.inference import (
     STDIO,
@@ -49,7 +58,7 @@ from skiptrain.runs import export_checkpoint, load_weights
 
 
 class SkipTrainer(L.Trainer):
-    """The Lightning Trainer, with the `export`, `generate`, `evaluate` and `conformance` subcommands of skiptrain."""
+    """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`."""
 
     def export(
         self,
@@ -167,6 +176,71 @@ class SkipTrainer(L.Trainer):
         load_weights(model, ckpt_path, weights_only)
         return evaluate_against_dense(self, model, datamodule, output)
 
+    def calibrate(
+        self,
+        model: SkipLM,
+        datamodule: SkipDataModule,
+        ckpt_path: str | None = None,
+        weights_only: bool | None = None,
+        *,
+        output_dir: str,
+        targets: list[float] | None = None,
+        families: list[str] | None = None,
+        grid: str | None = None,
+        num_batches: int = -1,
+        per_target: int = 2,
+        tolerance: float = 0.1,
+        generation_batches: int = 0,
+        overwrite: bool = False,
+    ) -> Calibration:
+        """Choose a skip schedule from data: score candidate schedules by their teacher-forced validation loss.
+
+        Measures the layer importance profile, scores every candidate with one forward pass over the validation
+        batches (loss, perplexity, realised mean executed layers and ideal speedup over the targets' lengths),
+        and writes the table, the Pareto front and importance plots, and for each target speedup the best
+        schedule as a recipe fragment (``schedule_<T>x.yaml``) into ``output_dir``.
+
+        Args:
+            model: The module; ``model.model`` may be an export directory. Its own schedule is not used.
+            datamodule: The task's data module (its validation split is scored).
+            ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
+            weights_only: How the checkpoint is unpickled, as in ``fit``.
+            output_dir: Directory to write; must be absent or empty unless ``overwrite``.
+            targets: Target ideal decode speedups; default ``[1.5, 2, 3]``.
+            families: Families searched for each target: ``skipdecode``, ``ranked``, ``hierarchical``, ``static``;
+                default all four.
+            grid: YAML file ``{family: {parameter: [values]}}``: score every combination instead of searching.
+            num_batches: Validation batches scored (``-1``: all; ``data.max_eval_samples`` sets the split size).
+            per_target: Configurations scored per family and target in the search.
+            tolerance: The search scores speedups in ``[target, target * (1 + tolerance)]``.
+            generation_batches: Validation batches on which the Pareto front is also decoded and scored with the
+                task's ROUGE or BLEU (0: none).
+            overwrite: Replace a non-empty ``output_dir``.
+        """
+        check_target(output_dir, overwrite)
+        require_matplotlib()
+        families = list(SEARCHED_FAMILIES if families is None else families)
+        unknown = sorted(set(families) - set(SEARCHED_FAMILIES))
+        if unknown:
+            raise UsageError(f"families={unknown} is invalid: allowed {list(SEARCHED_FAMILIES)}")
+        grid_spec = _read_grid(grid) if grid else None
+        load_weights(model, ckpt_path, weights_only)
+        device = self.strategy.root_device
+        model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
+        datamodule.setup("validate")
+        batches = [_to_device(b, device) for b in itertools.islice(datamodule.val_dataloader(), _limit(num_batches))]
+        if not batches:
+            raise DataError("the data module has no validation batches: give data.val_files (or a split with a "
+                             "validation part) to calibrate on")
+        with self.precision_plugin.forward_context():
+            result = calibrate(model, batches, targets=targets or [1.5, 2.0, 3.0], families=families, grid=grid_spec,
+                               per_target=per_target, tolerance=tolerance,
+                               generation_batches=batches[:generation_batches], metric=datamodule.metric)
+        write_calibration(result, output_dir, overwrite)
+        rank_zero_info(f"skiptrain calibrate: {len(result.candidates)} schedules scored on "
+                       f"{sum(result.lengths)} validation target tokens; wrote {output_dir}")
+        return result
+
     def conformance(
         self,
         model: SkipLM,
@@ -232,6 +306,28 @@ def _max_new_tokens(model: SkipLM, given: int | None) -> int:
         raise UsageError(f"max_new_tokens={given} is invalid: allowed >= 1 (leave it out for "
                          f"model.generation.max_new_tokens={model.generation.max_new_tokens})")
     return given
+
+
+def _limit(num_batches: int) -> int | None:
+    if num_batches == 0 or num_batches < -1:
+        raise UsageError(f"num_batches={num_batches} is invalid: allowed -1 (all) or >= 1")
+    return None if num_batches == -1 else num_batches
+
+
+def _to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
+def _read_grid(path: str) -> dict[str, dict[str, Sequence[Any]]]:
+    """A calibration grid file: ``{family: {parameter: [values]}}``."""
+    try:
+        grid = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise InputError(f"grid={path!r} cannot be read ({' '.join(str(err).split())}): allowed a YAML file "
+                         "{family: {parameter: [values]}}") from err
+    if not isinstance(grid, dict) or not all(isinstance(axes, dict) for axes in grid.values()):
+        raise UsageError(f"grid={path!r} is invalid: allowed a YAML mapping {{family: {{parameter: [values]}}}}")
+    return {name: {k: v if isinstance(v, list) else [v] for k, v in axes.items()} for name, axes in grid.items()}
 
 
 __all__ = ["SkipTrainer"]

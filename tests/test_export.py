@@ -33,7 +33,7 @@ from skiptrain.inference import read_prompts
 from skiptrain.models import load_causal_lm, load_tokenizer
 from skiptrain.module import SkipLM
 from skiptrain.record import ExportRecord
-from skiptrain.schedules import SkipDecode
+from skiptrain.schedules import Ranked, SkipDecode
 from skiptrain.trainer import SkipTrainer
 
 CONTRACT_KEYS = {"format", "schema_version", "producer", "num_layers", "family", "params", "position",
@@ -337,6 +337,17 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(plain_model, tmp_
     empty.mkdir()
     write_export(model, tokenizer, schedule, empty, ExportRecord(model_dir))  # an empty directory is fine
     assert (empty / SCHEDULE_FILE).is_file()
+
+
+def test_a_ranked_schedule_exports_with_its_ranking_and_loads_back(plain_model, tmp_path):
+    model, tokenizer, _, model_dir = plain_model
+    schedule = Ranked(min_layers=2, max_layers=3, decay_tokens=2, ranking=[0, 2, 1, 3]).build(4)
+    write_export(model, tokenizer, schedule, tmp_path / "out", ExportRecord(model_dir))
+    record = json.loads((tmp_path / "out" / SCHEDULE_FILE).read_text())
+    assert record["family"] == "ranked" and record["params"]["ranking"] == [0, 2, 1, 3]
+    loaded = load_exported(tmp_path / "out")
+    assert loaded.schedule == schedule and loaded.schedule.params == schedule.params
+    assert loaded.schedule.executed_layers(0) == (0, 1, 2) and loaded.schedule.executed_layers(2) == (0, 2)
 
 
 def test_export_callback_refuses_a_non_empty_directory_before_training(tiny_model_dir, tmp_path, capsys):

@@ -5,7 +5,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from tiny_models import FAMILIES, left_padded_batch, tiny_model
 
-from skiptrain import Dense, Hierarchical, SkipDecode, Static, generate, position_ids_from_mask, skip_forward
+from skiptrain import Dense, Hierarchical, Ranked, SkipDecode, Static, generate, position_ids_from_mask, skip_forward
 from skiptrain.families import decoder_parts
 
 NUM_LAYERS = 6
@@ -13,6 +13,8 @@ SCHEDULES = {
     "skipdecode": SkipDecode(min_layers=2, max_layers=5, warmup_layers=1, decay_tokens=6),
     "hierarchical": Hierarchical(phase_boundaries=(0, 4)),
     "skipdecode-max-prompt": SkipDecode(min_layers=3, max_layers=4, decay_tokens=3, prompt_depth="max"),
+    "ranked": Ranked(min_layers=2, max_layers=5, decay_tokens=5, ranking=(4, 0, 2, 5, 1, 3)),
+    "static": Static(layers=(0, 2, 3)),
 }
 
 

@@ -4,13 +4,18 @@ import pytest
 import torch
 from tiny_models import left_padded_batch, tiny_model
 
-from skiptrain import Dense, SamplingConfig, SkipDecode, generate
+from skiptrain import Dense, Hierarchical, Ranked, SamplingConfig, SkipDecode, generate
 from skiptrain.families import decoder_parts
 
 
-def test_each_step_runs_only_the_executed_layers():
+@pytest.mark.parametrize("family", [
+    SkipDecode(min_layers=2, max_layers=5, decay_tokens=3),
+    Ranked(min_layers=2, max_layers=5, decay_tokens=3, ranking=(3, 0, 1, 5, 2, 4)),
+    Hierarchical(phase_boundaries=(1, 3)),
+], ids=lambda f: f.name)
+def test_each_step_runs_only_the_executed_layers(family):
     model = tiny_model("opt", 6)
-    schedule = SkipDecode(min_layers=2, max_layers=5, decay_tokens=3).build(6)
+    schedule = family.build(6)
     calls = {index: [] for index in range(6)}
     hooks = [layer.register_forward_hook(lambda mod, args, out, index=index: calls[index].append(args[0].shape[1]))
              for index, layer in enumerate(decoder_parts(model).layers)]

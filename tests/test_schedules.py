@@ -9,6 +9,7 @@ from skiptrain.schedules import (
     FAMILIES,
     Dense,
     Hierarchical,
+    Ranked,
     ScheduleError,
     SkipDecode,
     SkipSchedule,
@@ -20,12 +21,13 @@ from skiptrain.schedules import (
 def random_family(rng: random.Random, num_layers: int):
     kind = rng.choice(sorted(FAMILIES))
     prompt_depth = rng.choice(["all", "max"])
-    if kind == "skipdecode":
+    if kind in ("skipdecode", "ranked"):
         warmup = rng.randint(1, min(3, num_layers - 1))
         low = rng.randint(warmup + 1, num_layers)
         high = rng.choice([None, rng.randint(low, num_layers)])
-        return SkipDecode(min_layers=low, max_layers=high, warmup_layers=warmup,
-                          decay_tokens=rng.randint(1, 300), prompt_depth=prompt_depth)
+        ranking = {"ranking": rng.sample(range(num_layers), num_layers)} if kind == "ranked" else {}
+        return FAMILIES[kind](min_layers=low, max_layers=high, warmup_layers=warmup,
+                              decay_tokens=rng.randint(1, 300), prompt_depth=prompt_depth, **ranking)
     if kind == "hierarchical":
         max_stride_level = max(1, (num_layers - 1).bit_length() - 1)
         bounds = sorted(rng.sample(range(0, 200), rng.randint(1, 4)))
@@ -88,6 +90,33 @@ def test_hierarchical_power_of_two_strides_by_phase():
     assert schedule.executed_layers(500) == (0, 4, 8, 11)
 
 
+def test_ranked_takes_a_prefix_of_its_ranking_over_the_warmup_layers():
+    ranking = (3, 0, 5, 1, 2, 4)
+    schedule = Ranked(min_layers=3, max_layers=5, warmup_layers=1, decay_tokens=2, ranking=ranking).build(6)
+    assert schedule.materialize() == [(0, 1, 2, 3, 5), (0, 1, 3, 5), (0, 3, 5)]
+    assert schedule.prompt_layers == tuple(range(6))
+
+
+@pytest.mark.parametrize("num_layers", [4, 12, 30])
+def test_ranked_with_the_top_down_ranking_is_skipdecode(num_layers):
+    params = {"min_layers": 2, "max_layers": num_layers - 1, "warmup_layers": 1, "decay_tokens": 9}
+    ranked = Ranked(ranking=tuple(reversed(range(num_layers))), **params).build(num_layers)
+    assert ranked.executed_layers_table == SkipDecode(**params).build(num_layers).executed_layers_table
+
+
+def test_ranked_ranking_round_trips_and_a_tampered_one_is_refused():
+    schedule = Ranked(min_layers=2, max_layers=4, decay_tokens=3, ranking=[0, 2, 4, 1, 3, 5]).build(6)
+    data = json.loads(schedule.to_json())
+    assert data["params"]["ranking"] == [0, 2, 4, 1, 3, 5]
+    assert SkipSchedule.from_dict(data) == schedule
+    swapped = {**data, "params": {**data["params"], "ranking": [0, 1, 4, 2, 3, 5]}}
+    with pytest.raises(ScheduleError, match="does not rebuild the stored layer lists"):
+        SkipSchedule.from_dict(swapped)
+    repeated = {**data, "params": {**data["params"], "ranking": [0, 2, 2, 1, 3, 5]}}
+    with pytest.raises(ScheduleError, match="ranking=.* is invalid: allowed a permutation of the layers 0..5"):
+        SkipSchedule.from_dict(repeated)
+
+
 def test_static_and_dense_and_prompt_depth():
     assert Static(depth=3).build(8).executed_layers(0) == (0, 6, 7)
     assert Static(layers=(0, 3, 5)).build(8).executed_layers(9) == (0, 3, 5)
@@ -139,6 +168,9 @@ def test_export_schema_keys():
         (lambda: SkipDecode(min_layers=3, warmup_layers=0).build(8), "warmup_layers"),
         (lambda: SkipDecode(min_layers=3, decay_tokens=0).build(8), "decay_tokens"),
         (lambda: SkipDecode(min_layers=3, prompt_depth="some").build(8), "prompt_depth"),
+        (lambda: Ranked(min_layers=3).build(8), "ranking"),
+        (lambda: Ranked(min_layers=3, ranking=(0, 1, 2, 3)).build(8), "ranking"),
+        (lambda: Ranked(min_layers=1, ranking=range(8)).build(8), "min_layers"),
         (lambda: Hierarchical(phase_boundaries=(4, 2)).build(8), "phase_boundaries"),
         (lambda: Hierarchical(phase_boundaries=()).build(8), "phase_boundaries"),
         (lambda: Hierarchical(phase_boundaries=(0, 1), max_level=3).build(8), "max_level"),
