@@ -68,6 +68,34 @@ def main() -> None:
               f"{value(test, 'mean_layers_per_generated_token', 1.0)} | "
               f"{value(test, 'ideal_speedup_over_generated_tokens', 1.0, 2)}x | "
               f"{value(test, 'nominal_ideal_speedup', 1.0, 2)}x | {losses} | {minutes} |")
+    print_seed_spread(scores, args.ceiling, args.metric)
+
+
+def print_seed_spread(scores: dict[str, dict[str, dict]], ceiling: str, metric: str) -> None:
+    """Configurations run with several seeds (``NAME`` is seed 0, ``NAME_sN`` seed N): mean and range per split,
+    and the test mean as a share of the ceiling's test mean."""
+    seeds: dict[str, list[dict[str, dict]]] = {}
+    for name, splits in scores.items():
+        base, _, seed = name.rpartition("_s")
+        key = base if seed.isdigit() and "@" not in name else name
+        seeds.setdefault(key, []).append(splits)
+
+    def spread(runs: list[dict[str, dict]], split: str) -> tuple[float, str]:
+        values = [100 * run[split][metric] for run in runs if split in run]
+        mean = sum(values) / len(values)
+        return mean, f"{mean:.1f} ({min(values):.1f}-{max(values):.1f})"
+
+    several = {name: runs for name, runs in seeds.items() if len(runs) > 1}
+    if not several or ceiling not in several:
+        return
+    ceiling_test = spread(several[ceiling], "test")[0]
+    print(f"\n| configuration | seeds | dev {metric}: mean (range) | test {metric}: mean (range) "
+          "| test mean, share of the ceiling's |")
+    print("|---|---:|---:|---:|---:|")
+    for name, runs in sorted(several.items(), key=lambda item: -spread(item[1], "test")[0]):
+        test_mean, test_text = spread(runs, "test")
+        share = 100 * test_mean / ceiling_test
+        print(f"| {name} | {len(runs)} | {spread(runs, 'dev')[1]} | {test_text} | {share:.0f}% |")
 
 
 if __name__ == "__main__":
