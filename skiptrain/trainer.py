@@ -25,6 +25,7 @@ from typing import Any
 
 import lightning as L
 import yaml
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info
 
 from skiptrain.calibrate import SEARCHED_FAMILIES, Calibration, calibrate
@@ -228,7 +229,8 @@ class SkipTrainer(L.Trainer):
         device = self.strategy.root_device
         model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
         datamodule.setup("validate")
-        batches = [_to_device(b, device) for b in itertools.islice(datamodule.val_dataloader(), _limit(num_batches))]
+        loader = itertools.islice(datamodule.val_dataloader(), _limit(num_batches))
+        batches = [move_data_to_device(batch, device) for batch in loader]
         if not batches:
             raise DataError("the data module has no validation batches: give data.val_files (or a split with a "
                              "validation part) to calibrate on")
@@ -312,10 +314,6 @@ def _limit(num_batches: int) -> int | None:
     if num_batches == 0 or num_batches < -1:
         raise UsageError(f"num_batches={num_batches} is invalid: allowed -1 (all) or >= 1")
     return None if num_batches == -1 else num_batches
-
-
-def _to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
-    return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
 
 
 def _read_grid(path: str) -> dict[str, dict[str, Sequence[Any]]]:
