@@ -8,7 +8,8 @@ Without ``--checkpoint`` the base model (zero-shot, prompt only) is scored. Qual
 settings) with end-of-sequence stopping, multi-reference SacreBLEU and ROUGE-L (torchmetrics). Cost: the mean
 executed decoder layers over the tokens actually generated, and the ideal speedup that implies, next to the
 schedule's nominal ideal over its own span. Decode speed depends on the schedule, not on the weights, and is
-measured apart, on a quiet machine, by ``speed.py``.
+measured apart, on a quiet machine, by ``speed.py``. Every output, with its source and references, is written
+beside the scores (``--out`` with ``.outputs.jsonl`` for ``.json``) for error analyses such as ``slot_errors.py``.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def main() -> None:
     schedule = schedule_family(args.decode_schedule).build(model.config.num_hidden_layers)
     batches = test_batches(args.data, batch_size=8, task=args.task, max_source_tokens=args.max_source_tokens)
 
-    predictions, references, lengths, started = [], [], [], time.perf_counter()
+    sources, predictions, references, lengths, started = [], [], [], [], time.perf_counter()
     for batch in batches:
         out = generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
                        max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
@@ -79,6 +80,7 @@ def main() -> None:
         predictions += out.texts(tokenizer)
         lengths += out.lengths.tolist()
         references += batch["references"]
+        sources += batch["sources"]
     quality_seconds = time.perf_counter() - started
 
     bleu = SacreBLEUScore()(predictions, references).item()
@@ -107,6 +109,9 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    outputs = (json.dumps({"source": s, "prediction": p, "references": r}) + "\n"
+               for s, p, r in zip(sources, predictions, references, strict=True))
+    args.out.with_suffix(".outputs.jsonl").write_text("".join(outputs))
     print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
 
 
