@@ -15,8 +15,9 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
-from skiptrain.export import check_target, export_module
+from skiptrain.export import export_module
 from skiptrain.module import SkipLM
+from skiptrain.output_dir import check_output_dir
 from skiptrain.runs import fit_record
 
 
@@ -41,7 +42,7 @@ class ExportCallback(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
-            check_target(self.output_dir, self.overwrite)
+            check_output_dir(self.output_dir, self.overwrite)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: SkipLM) -> None:
         if not trainer.is_global_zero:

@@ -28,7 +28,7 @@ import yaml
 
 from skiptrain.calibrate import Calibration, Candidate
 from skiptrain.errors import UsageError
-from skiptrain.export import check_target, staged_directory
+from skiptrain.output_dir import check_output_dir, staged_directory
 from skiptrain.schedules import FAMILIES
 
 COLUMNS = ("family", "loss", "perplexity", "mean_layers", "ideal_speedup", "pareto", "params")
@@ -137,7 +137,7 @@ def write_calibration(calibration: Calibration, output_dir: str | os.PathLike, o
     Returns:
         The output directory.
     """
-    target = check_target(output_dir, overwrite)
+    target = check_output_dir(output_dir, overwrite)
     table = rows(calibration)
     chosen: dict[str, dict[str, Any]] = {}
     with staged_directory(target, overwrite) as staging:

@@ -16,7 +16,8 @@ With ``adapter_only`` the directory holds the peft adapter (``adapter_config.jso
 instead of merged weights; ``skip_schedule.json`` names the base model the adapter applies to.
 
 Writing is all-or-nothing: everything goes to a temporary directory beside the target, is verified, and only
-then renamed into place. A failed export leaves neither the target nor the temporary directory behind.
+then renamed into place (:mod:`skiptrain.output_dir`). A failed export leaves neither the target nor the temporary
+directory behind.
 Verification (:func:`verify_export`) is the same when an export is written and when it is loaded: each defect
 has one outcome, an :class:`ExportError` naming the file.
 """
@@ -28,10 +29,7 @@ import dataclasses
 import json
 import os
 import shutil
-import socket
-import tempfile
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +46,7 @@ from skiptrain import custom_generate
 from skiptrain.errors import InputError, UsageError
 from skiptrain.key_diff import Shapes, diff_keys
 from skiptrain.models import load_causal_lm, load_config, prepare_tokenizer
+from skiptrain.output_dir import check_output_dir, staged_directory
 from skiptrain.record import NOT_RECORDED, ExportRecord, producer
 from skiptrain.schedules import ScheduleError, SkipSchedule
 from skiptrain.speedup import cost_summary
@@ -394,104 +393,6 @@ def write_custom_generate(directory: str | os.PathLike) -> Path:
     return target
 
 
-def check_target(output_dir: str | os.PathLike, overwrite: bool) -> Path:
-    """Refuse an output directory that exists and is not empty, unless ``overwrite``; refuse a file."""
-    target = Path(output_dir)
-    if target.exists() and not target.is_dir():
-        raise ExportUsageError(f"output_dir={str(target)!r} is a file, not a directory")
-    if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise ExportUsageError(
-            f"output_dir={str(target)!r} exists and is not empty: choose another directory or pass overwrite=True "
-            "(--overwrite true) to replace it"
-        )
-    return target
-
-
-def _staging_prefix(target: Path) -> str:
-    """Name prefix of the staging directories beside ``target`` made on this host; the writer's pid follows it."""
-    return f".{target.name}.tmp-{socket.gethostname()}-"
-
-
-def remove_stale_staging(target: Path) -> list[Path]:
-    """Remove staging directories beside ``target`` left by an export killed on this host (its process is gone).
-
-    Staging directories of running exports, or of other hosts (a shared file system), are left alone.
-
-    Returns:
-        The directories removed.
-    """
-    prefix, removed = _staging_prefix(target), []
-    for staging in target.parent.glob(prefix + "*"):
-        pid = staging.name[len(prefix):].split("-")[0]
-        if pid.isdigit() and not _process_exists(int(pid)):
-            shutil.rmtree(staging, ignore_errors=True)
-            removed.append(staging)
-    return removed
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _use_default_permissions(directory: Path) -> None:
-    """Give a ``mkdtemp`` directory (created ``0700``) the permissions a plain ``mkdir`` would give it."""
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
-
-
-def _move_into_place(staging: Path, target: Path, overwrite: bool) -> None:
-    """Rename the finished ``staging`` directory to ``target``, replacing an existing one only at the very end.
-
-    Without ``overwrite`` the rename itself is the check: it fails when another export reached ``target`` since
-    :func:`check_target` (an empty directory is removed first, which fails as well if it has been filled).
-    """
-    if not overwrite or not target.exists():
-        try:
-            if target.is_dir():
-                target.rmdir()
-            os.rename(staging, target)
-        except OSError as err:
-            raise ExportUsageError(
-                f"output_dir={str(target)!r} was written by another process while this export was being made "
-                f"({err.strerror}): it is kept as that process wrote it; choose another directory or pass "
-                "overwrite=True (--overwrite true) to replace it"
-            ) from err
-        return
-    retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-    os.replace(target, retired / target.name)
-    try:
-        os.replace(staging, target)
-    except BaseException:
-        os.replace(retired / target.name, target)
-        raise
-    finally:
-        shutil.rmtree(retired, ignore_errors=True)
-
-
-@contextmanager
-def staged_directory(target: Path, overwrite: bool = False) -> Iterator[Path]:
-    """A temporary directory beside ``target`` to write into: moved into place when the block ends (replacing
-    ``target`` only with ``overwrite``, see :func:`_move_into_place`), removed with everything in it when the block
-    raises. Staging directories of killed writers are cleared first (:func:`remove_stale_staging`)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(target)
-    staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(target)}{os.getpid()}-", dir=target.parent))
-    try:
-        _use_default_permissions(staging)
-        yield staging
-        _move_into_place(staging, target, overwrite)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
 def _num_layers(model: nn.Module) -> int:
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     return base.config.num_hidden_layers
@@ -524,10 +425,11 @@ def write_export(
         The export directory.
 
     Raises:
-        ExportError: for a refused target, a schedule built for another layer count, a model without adapters
-            and ``adapter_only``, or a failed :func:`verify_export`. Nothing is left behind on any failure.
+        OutputDirError: for a refused target (:mod:`skiptrain.output_dir`).
+        ExportError: for a schedule built for another layer count, a model without adapters and ``adapter_only``,
+            or a failed :func:`verify_export`. Nothing is left behind on any failure.
     """
-    target = check_target(output_dir, overwrite)
+    target = check_output_dir(output_dir, overwrite)
     check_schedule_fits(schedule, _num_layers(model), f"the schedule to export with {type(model).__name__}")
     record = dataclasses.replace(record, schedule=schedule, producer=producer())
     with staged_directory(target, overwrite) as staging:

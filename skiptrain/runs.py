@@ -19,7 +19,8 @@ import yaml
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from skiptrain.checkpoints import checkpoint_metadata, consolidate_checkpoint
-from skiptrain.export import ExportUsageError, check_target, export_module, is_export, load_exported
+from skiptrain.export import ExportUsageError, export_module, is_export, load_exported
+from skiptrain.output_dir import check_output_dir
 from skiptrain.record import NOT_RECORDED, ExportRecord
 
 if TYPE_CHECKING:
@@ -162,7 +163,7 @@ def export_checkpoint(
     Returns:
         The export directory.
     """
-    check_target(output_dir, overwrite)
+    check_output_dir(output_dir, overwrite)
     fresh = module.model is None
     weights = load_weights(module, ckpt_path, weights_only)
     record = checkpoint_record(weights, ckpt_path, module, datamodule, weights_only)

@@ -42,7 +42,6 @@ from skiptrain.conformance import (
 from skiptrain.data import SkipDataModule
 from skiptrain.errors import DataError, InputError, UsageError
 from skiptrain.evaluation import evaluate_against_dense
-from skiptrain.export import check_target
 from skiptrain.generation import SamplingConfig
 from skiptrain.inference import (
     STDIO,
@@ -55,6 +54,7 @@ from skiptrain.inference import (
 )
 from skiptrain.models import context_length
 from skiptrain.module import SkipLM
+from skiptrain.output_dir import check_output_dir
 from skiptrain.runs import export_checkpoint, load_weights
 
 
@@ -218,7 +218,7 @@ class SkipTrainer(L.Trainer):
                 task's ROUGE or BLEU (0: none).
             overwrite: Replace a non-empty ``output_dir``.
         """
-        check_target(output_dir, overwrite)
+        check_output_dir(output_dir, overwrite)
         require_matplotlib()
         families = list(SEARCHED_FAMILIES if families is None else families)
         unknown = sorted(set(families) - set(SEARCHED_FAMILIES))

@@ -32,6 +32,7 @@ from skiptrain.export import (
 from skiptrain.inference import read_prompts
 from skiptrain.models import load_causal_lm, load_tokenizer
 from skiptrain.module import SkipLM
+from skiptrain.output_dir import OutputDirError
 from skiptrain.record import ExportRecord
 from skiptrain.schedules import Ranked, SkipDecode
 from skiptrain.trainer import SkipTrainer
@@ -327,7 +328,7 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(plain_model, tmp_
     target = tmp_path / "out"
     target.mkdir()
     (target / "keep.txt").write_text("precious")
-    with pytest.raises(ExportError, match="exists and is not empty.*overwrite"):
+    with pytest.raises(OutputDirError, match="exists and is not empty.*overwrite"):
         write_export(model, tokenizer, schedule, target, ExportRecord(model_dir))
     assert (target / "keep.txt").read_text() == "precious"
     write_export(model, tokenizer, schedule, target, ExportRecord(model_dir), overwrite=True)

@@ -18,8 +18,9 @@ from test_training import read_metrics, tiny_args
 
 from skiptrain.checkpoints import checkpoint_metadata
 from skiptrain.cli import main
-from skiptrain.export import ExportError, verify_export, write_export
+from skiptrain.export import verify_export, write_export
 from skiptrain.models import load_causal_lm, load_tokenizer
+from skiptrain.output_dir import OutputDirError
 from skiptrain.record import ExportRecord
 from skiptrain.schedules import SkipDecode
 
@@ -140,11 +141,11 @@ def test_two_exports_racing_for_one_target_one_wins_one_refuses(plain_model, tmp
 
     def the_other_export_finishes_first(self, *args, **kwargs):
         monkeypatch.setattr(type(tokenizer), "save_pretrained", save)
-        write_export(model, tokenizer, winner, target, ExportRecord(model_dir))  # passes check_target and lands
+        write_export(model, tokenizer, winner, target, ExportRecord(model_dir))  # passes check_output_dir and lands
         return save(self, *args, **kwargs)
 
     monkeypatch.setattr(type(tokenizer), "save_pretrained", the_other_export_finishes_first)
-    with pytest.raises(ExportError, match="was written by another process while this export was being made"):
+    with pytest.raises(OutputDirError, match="was written by another process while this one was writing it"):
         write_export(model, tokenizer, schedule, target, ExportRecord(model_dir))
     assert verify_export(target).schedule == winner  # the winner's export, whole and alone
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
