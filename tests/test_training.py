@@ -230,8 +230,8 @@ STUDY = ROOT / "benchmarks" / "e2e"
 
 
 @pytest.mark.parametrize(("fragment", "schedule"), [
-    ("smollm2-135m_e2e_2x.yaml", "calibrated2x"),
-    ("smollm2-135m_e2e_3x.yaml", "skipdecode3x"),
+    ("smollm2-135m_e2e_2x.yaml", "flat2x"),
+    ("smollm2-135m_e2e_3x.yaml", "flat3x"),
 ])
 def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragment, schedule):
     """The user recipe (hub data) plus the study's local-data fragment resolves to the study row's training."""
