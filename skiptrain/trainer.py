@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 import yaml
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info
@@ -60,6 +61,12 @@ from skiptrain.runs import export_checkpoint, load_weights
 
 class SkipTrainer(L.Trainer):
     """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`."""
+
+    def _place_for_inference(self, model: SkipLM) -> torch.device:
+        """Move the loaded ``model.model`` to this trainer's device and precision, in eval mode; returns the device."""
+        device = self.strategy.root_device
+        model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
+        return device
 
     def export(
         self,
@@ -139,8 +146,7 @@ class SkipTrainer(L.Trainer):
         if base_config is None:
             prompt_texts = fit_prompts(tokenizer, prompt_texts, context_length(model.model.config), max_new_tokens,
                                        long_prompts)
-        device = self.strategy.root_device
-        model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
+        device = self._place_for_inference(model)
         report = generate_report(
             model.model, tokenizer, model.schedule, prompt_texts, dense=dense, compare_dense=compare_dense,
             max_new_tokens=max_new_tokens, batch_size=batch_size, sampling=sampling or model.generation.sampling,
@@ -226,8 +232,7 @@ class SkipTrainer(L.Trainer):
             raise UsageError(f"families={unknown} is invalid: allowed {list(SEARCHED_FAMILIES)}")
         grid_spec = _read_grid(grid) if grid else None
         load_weights(model, ckpt_path, weights_only)
-        device = self.strategy.root_device
-        model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
+        device = self._place_for_inference(model)
         datamodule.setup("validate")
         loader = itertools.islice(datamodule.val_dataloader(), _limit(num_batches))
         batches = [move_data_to_device(batch, device) for batch in loader]
@@ -287,8 +292,7 @@ class SkipTrainer(L.Trainer):
             return report
         prompt_texts = read_prompts(prompts)
         load_weights(model, ckpt_path, weights_only)
-        device = self.strategy.root_device
-        model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
+        device = self._place_for_inference(model)
         written = write_vectors(
             model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,
             max_new_tokens=_max_new_tokens(model, max_new_tokens), batch_size=batch_size, top=top,
