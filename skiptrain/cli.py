@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from skiptrain.checkpoints import checkpoint_layout, checkpoint_metadata
+from skiptrain.checkpoints import checkpoint_layout, checkpoint_metadata, resolve_ckpt_path
 from skiptrain.data import SkipDataModule
 from skiptrain.errors import SkiptrainError, UsageError
 from skiptrain.models import context_length
@@ -87,8 +87,8 @@ class SkipCLI(LightningCLI):
         # As LightningCLI, except that the data module may be left out (it is then None).
         parser.add_lightning_class_args(self.trainer_class, "trainer")
         parser.set_defaults({"trainer." + k: v for k, v in self.trainer_defaults.items() if k != "callbacks"})
-        parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
-        parser.add_lightning_class_args(self._datamodule_class, "data", subclass_mode=True, required=False)
+        parser.add_lightning_class_args(self.model_class, "model", subclass_mode=self.subclass_mode_model)
+        parser.add_lightning_class_args(self.datamodule_class, "data", subclass_mode=True, required=False)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # One model name drives both the weights and the tokenizer.
@@ -105,7 +105,9 @@ class SkipCLI(LightningCLI):
         return trainer
 
     def _parse_ckpt_path(self) -> None:
-        """As LightningCLI's (a checkpoint's hyper-parameters configure the model), with two differences.
+        """As LightningCLI's (a checkpoint's hyper-parameters configure the model), with three differences.
+
+        ``last`` is resolved to the newest ``last.ckpt`` of the run (:func:`~skiptrain.checkpoints.resolve_ckpt_path`).
 
         An unreadable checkpoint is refused by name (:class:`~skiptrain.checkpoints.CheckpointError`), and the model
         named by ``model.model`` (on the command line or in a config) is the one used, not the checkpoint's: a base
@@ -114,6 +116,9 @@ class SkipCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         settings = self.config.get(subcommand) if subcommand else None
         ckpt_path = settings.get("ckpt_path") if settings is not None else None
+        if ckpt_path:
+            root = settings.trainer.get("default_root_dir") or os.getcwd()  # Lightning's default
+            ckpt_path = settings.ckpt_path = resolve_ckpt_path(ckpt_path, root)
         if not ckpt_path or checkpoint_layout(ckpt_path) != "file":
             return
         hparams = dict(checkpoint_metadata(ckpt_path, settings.get("weights_only")).get("hyper_parameters") or {})
@@ -196,12 +201,14 @@ def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
     accept_schedule_families()
     release_process_group()
     try:
+        refuse_optimizer_options(sys.argv[1:] if args is None else args)
         return SkipCLI(
             SkipLM,
             SkipDataModule,
             trainer_class=SkipTrainer,
             args=args,
             run=run,
+            auto_configure_optimizers=False,  # SkipLM.configure_optimizers builds AdamW: see NOT_OPTIONS
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"parser_mode": "yaml", "exit_on_error": False},  # its errors are formatted below
         )
@@ -211,6 +218,28 @@ def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
             raise
         print(error_line(subcommand_of(sys.argv[1:] if args is None else args), user_error), file=sys.stderr)
         raise SystemExit(exit_code(user_error)) from None
+
+
+NOT_OPTIONS = {
+    "--optimizer": "the optimizer is AdamW over the trainable weights, which exist only once the model is built: set "
+                   "--model.learning_rate, --model.betas and --model.weight_decay",
+    "--lr_scheduler": "the learning-rate schedule is --model.lr_schedule (cosine, linear or constant) after "
+                      "--model.warmup_steps of linear warm-up",
+}
+"""LightningCLI's options that skiptrain leaves out, each with what to set instead."""
+
+
+def refuse_optimizer_options(args: Sequence[str]) -> None:
+    """Refuse LightningCLI's ``--optimizer`` and ``--lr_scheduler`` (and their ``.``-options) by name.
+
+    Raises:
+        UsageError: naming the option and what configures the optimizer instead.
+    """
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        for option, instead in NOT_OPTIONS.items():
+            if name == option or name.startswith(option + "."):
+                raise UsageError(f"{name} is not an option of skiptrain: {instead}")
 
 
 USER_ERRORS = (SkiptrainError, MisconfigurationException, ArgumentError)

@@ -62,6 +62,9 @@ TRAINING_CONFIG_FILE = "training_config.yaml"
 MODEL_CARD_FILE = "README.md"
 CUSTOM_GENERATE_FILE = "custom_generate/generate.py"
 UNRECORDED_TRAINING_CONFIG = f"# training config: {NOT_RECORDED}\n"
+ADAPTER_ONLY_NEEDS_LORA = "adapter_only=True needs a LoRA model (model.lora is null): export merged weights"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+"""Vocabulary files, one of which every tokenizer's ``save_pretrained`` writes."""
 
 
 class ExportError(InputError):
@@ -235,6 +238,13 @@ def _check_mirror(directory: Path, schedule_object: Mapping[str, Any]) -> None:
                           f"{directory / SCHEDULE_FILE}")
 
 
+def check_tokenizer_files(directory: Path) -> None:
+    """Refuse an export without a tokenizer's vocabulary file (transformers would blame a missing package)."""
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ExportError(f"{directory} has no tokenizer files (none of {list(TOKENIZER_FILES)}): copy them back "
+                          "from the base model (its tokenizer's save_pretrained) or export again")
+
+
 def verify_export(directory: str | os.PathLike) -> ExportRecord:
     """Check an export against its contract, when it is written and when it is loaded alike.
 
@@ -244,12 +254,22 @@ def verify_export(directory: str | os.PathLike) -> ExportRecord:
     or the base model's for an adapter); and, for merged weights, a missing or unreadable ``config.json``, a
     ``config.json`` whose ``skip_schedule`` key is not an exact copy of ``skip_schedule.json``, and safetensors
     with missing, unexpected, empty or mis-shaped tensors. (An adapter's tensors are checked against the peft
-    model they are saved from or loaded into: :func:`check_exported_adapter`.)
+    model they are saved from or loaded into: :func:`check_exported_adapter`.) Last, an export without tokenizer
+    files is refused.
 
     Returns:
         The export's record.
     """
-    directory = Path(directory)
+    return _verified(Path(directory))[0]
+
+
+def export_config(directory: str | os.PathLike) -> PretrainedConfig:
+    """The architecture an export decodes with (``config.json``, or the base model's for an adapter), once the
+    export passes :func:`verify_export`; no weights are read."""
+    return _verified(Path(directory))[1]
+
+
+def _verified(directory: Path) -> tuple[ExportRecord, PretrainedConfig]:
     schedule, raw = read_skip_schedule(directory)
     record = ExportRecord.from_schedule_file(schedule, raw, _training_config(directory))
     adapter = is_adapter_export(directory)
@@ -261,7 +281,8 @@ def verify_export(directory: str | os.PathLike) -> ExportRecord:
     if not adapter:
         _check_mirror(directory, raw)
         check_exported_weights(directory, config)
-    return record
+    check_tokenizer_files(directory)
+    return record, config
 
 
 # -- writing ---------------------------------------------------------------------------------------------------------
@@ -362,7 +383,7 @@ def _merged_model(model: nn.Module, in_place: bool) -> nn.Module:
 def _write_weights(model: nn.Module, directory: Path, adapter_only: bool, in_place: bool) -> None:
     if adapter_only:
         if not isinstance(model, PeftModel):
-            raise ExportUsageError("adapter_only=True needs a LoRA model (model.lora is null): export merged weights")
+            raise ExportUsageError(ADAPTER_ONLY_NEEDS_LORA)
         model.save_pretrained(str(directory))
         check_exported_adapter(directory, model)
         return
@@ -519,6 +540,7 @@ __all__ = [
     "ExportedModel",
     "check_exported_weights",
     "check_tensors",
+    "export_config",
     "export_module",
     "is_export",
     "load_exported",

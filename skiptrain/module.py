@@ -25,8 +25,8 @@ from transformers import (
 
 from skiptrain.batch import IGNORE_INDEX
 from skiptrain.errors import UsageError
-from skiptrain.export import is_export
-from skiptrain.families import LORA_TARGETS, decoder_parts
+from skiptrain.export import export_config, is_export
+from skiptrain.families import LORA_TARGETS, check_lora_targets, decoder_parts
 from skiptrain.forward import skip_hidden_states
 from skiptrain.generation import SamplingConfig, generate
 from skiptrain.losses import distillation_kl, target_cross_entropy
@@ -58,6 +58,18 @@ class LoraSettings:
     dropout: float = 0.05
     target_modules: list[str] | None = None
     bias: Literal["none", "all", "lora_only"] = "none"
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise UsageError(f"lora.r={self.r} is invalid: allowed an adapter rank >= 1 (or lora: null to fine-tune "
+                             "every weight)")
+        if self.alpha <= 0:
+            raise UsageError(f"lora.alpha={self.alpha} is invalid: allowed > 0")
+        if not 0 <= self.dropout < 1:
+            raise UsageError(f"lora.dropout={self.dropout} is invalid: allowed 0 <= dropout < 1")
+        if self.target_modules is not None and not self.target_modules:
+            raise UsageError("lora.target_modules=[] is invalid: allowed a list of module names, or null for the "
+                             "model family's attention projections")
 
 
 TEACHERS = ("dense", "base")
@@ -247,21 +259,27 @@ class SkipLM(L.LightningModule):
         """Refuse a model that cannot be found, or a schedule that does not fit it, from the model's config alone.
 
         No weights are read (a GGUF file's header is, once: the config is kept for later calls). The CLI calls it
-        before a run directory or an output is written. An export directory is checked when it is loaded.
+        before a run directory or an output is written. An export directory is verified as when it is loaded
+        (:func:`~skiptrain.export.verify_export`); LoRA ``target_modules`` are matched against the architecture.
 
         Returns:
-            The model's transformers config, or ``None`` for an export or a model already built.
+            The model's (or the export's) transformers config, or ``None`` for a model already built.
 
         Raises:
             ModelError: for a model that cannot be found or is not a causal LM.
+            ExportError: for an export that cannot be used.
             ScheduleError: for schedule parameters the model's layer count does not allow.
-            UsageError: for a missing schedule.
+            UsageError: for a missing schedule, or LoRA targets that match no layer.
         """
-        if self.model is not None or is_export(self.model_name):
+        if self.model is not None:
             return None
+        if is_export(self.model_name):
+            return export_config(self.model_name)  # its own schedule, verified with it
         if self._model_config is None:
             self._model_config = load_config(self.model_name)
         self._schedule_family().build(self._model_config.num_hidden_layers)
+        if self.lora is not None and self.lora.target_modules:
+            check_lora_targets(self._model_config, self.lora.target_modules)
         return self._model_config
 
     def configure_model(self) -> None:

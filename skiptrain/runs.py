@@ -19,7 +19,7 @@ import yaml
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from skiptrain.checkpoints import checkpoint_metadata, consolidate_checkpoint
-from skiptrain.export import ExportUsageError, export_module, is_export, load_exported
+from skiptrain.export import ADAPTER_ONLY_NEEDS_LORA, ExportUsageError, export_module, is_export, load_exported
 from skiptrain.output_dir import check_output_dir
 from skiptrain.record import NOT_RECORDED, ExportRecord
 
@@ -165,6 +165,8 @@ def export_checkpoint(
     """
     check_output_dir(output_dir, overwrite)
     fresh = module.model is None
+    if adapter_only and fresh and (module.lora is None or is_export(module.model_name)):
+        raise ExportUsageError(ADAPTER_ONLY_NEEDS_LORA)  # known before any weights are loaded
     weights = load_weights(module, ckpt_path, weights_only)
     record = checkpoint_record(weights, ckpt_path, module, datamodule, weights_only)
     return export_module(module, output_dir, record, adapter_only=adapter_only, overwrite=overwrite, in_place=fresh)

@@ -159,6 +159,32 @@ def export(*extra: str, ckpt: str = "{ckpt}") -> tuple[str, ...]:
     return ("export", "--model.model", "{model}", "--ckpt_path", ckpt, "--output_dir", "{tmp}/out", *extra)
 
 
+def calibrate(*extra: str) -> tuple[str, ...]:
+    """A calibration of the tiny model's base weights on the built-in task, into ``{tmp}/out``."""
+    return ("calibrate", "--model.model", "{model}", *skipdecode(min_layers="2"), "--data.task", "builtin",
+            "--data.max_eval_samples", "4", "--data.max_source_tokens", "48", "--data.max_target_tokens", "24",
+            "--trainer.accelerator", "cpu", "--output_dir", "{tmp}/out", *extra)
+
+
+def conformance(*extra: str) -> tuple[str, ...]:
+    return ("conformance", "--model.model", "{export}", "--trainer.accelerator", "cpu", *extra)
+
+
+def vectors_of_the_export(tmp: Path, inputs: Inputs) -> None:
+    """A vectors file (no cases) for the export's own schedule, as ``{tmp}/v.json``."""
+    schedule = json.loads((Path(inputs.export) / SCHEDULE_FILE).read_text())
+    (tmp / "v.json").write_text(json.dumps({"format": "skiptrain.conformance", "version": 1,
+                                            "skip_schedule": schedule, "max_new_tokens": 4, "cases": []}))
+
+
+def without_tokenizer_files(export: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+        (export / name).unlink(missing_ok=True)
+
+
+NO_VALID_GRID = "skipdecode: {min_layers: [3], max_layers: [2], decay_tokens: [4]}\n"
+
+
 CASES = [
     # every schedule refusal, when the run starts (before its run directory is made)
     Case("skipdecode_warmup_zero", fit(schedule=skipdecode(warmup_layers="0")), USAGE, "warmup_layers=0"),
@@ -208,6 +234,17 @@ CASES = [
          "exceeds the model's context length of 256"),
     Case("unavailable_accelerator", fit("--trainer.accelerator", "cuda"), USAGE, "accelerator"),
     Case("precision", fit("--trainer.precision", "7"), USAGE, "precision"),
+    Case("lora_rank_zero", fit("--model.lora", "{r: 0}"), USAGE, "lora.r=0"),
+    Case("lora_dropout_one", fit("--model.lora", "{dropout: 1}"), USAGE, "lora.dropout=1"),
+    Case("lora_target_unknown", fit("--model.lora", "{target_modules: [nonexistent_proj]}"), USAGE,
+         "['nonexistent_proj'] match no linear layer of model_type='llama': allowed ['down_proj', 'gate_proj', "
+         "'k_proj', 'lm_head', 'o_proj', 'q_proj', 'up_proj', 'v_proj']"),
+    Case("optimizer", fit("--optimizer", "torch.optim.SGD", "--optimizer.lr", "0.1"), USAGE,
+         "--optimizer is not an option of skiptrain: the optimizer is AdamW"),
+    Case("lr_scheduler", fit("--lr_scheduler=StepLR"), USAGE, "--lr_scheduler is not an option of skiptrain"),
+    Case("ckpt_path_lightning_keyword", export(ckpt="hpc"), USAGE, "ckpt_path='hpc' is not supported"),
+    Case("ckpt_path_last_without_one", export("--trainer.default_root_dir", "{tmp}", ckpt="last"), INPUT,
+         "ckpt_path='last': no last.ckpt under trainer.default_root_dir="),
     Case("export_callback_target_not_empty", fit(f"--trainer.callbacks+={EXPORT_CALLBACK % '{tmp}/out'}"), USAGE,
          "exists and is not empty", write("out/keep.txt", "precious")),
     # models
@@ -277,6 +314,28 @@ CASES = [
     Case("sampling_top_p", generate("--sampling.top_p", "1.5"), USAGE, "top_p=1.5"),
     Case("long_prompts_choice", generate("--long_prompts", "cut"), USAGE, "long_prompts"),
     Case("export_with_a_checkpoint", generate("--ckpt_path", "{ckpt}"), USAGE, "is an export"),
+    Case("generate_export_without_tokenizer", generate(model="{tmp}/export"), INPUT, "has no tokenizer files",
+         copy_of("export", without_tokenizer_files)),
+    # calibration options: derived limits are checked before the model is profiled
+    Case("calibrate_target_beyond_the_depth", calibrate("--targets", "[100]"), USAGE,
+         "targets=[100.0] are invalid for a model of 4 decoder layers: allowed ideal speedups 1 <= target <= 2.00"),
+    Case("calibrate_target_below_one", calibrate("--targets", "[0.5]"), USAGE, "target=0.5 is invalid"),
+    Case("calibrate_grid_without_a_valid_schedule", calibrate("--grid", "{tmp}/g.yaml"), USAGE,
+         "has no valid schedule for 4 decoder layers", write("g.yaml", NO_VALID_GRID)),
+    Case("calibrate_grid_unreadable", calibrate("--grid", "{tmp}/g.yaml"), INPUT, "grid=",
+         write("g.yaml", "skipdecode: [")),
+    Case("calibrate_grid_missing", calibrate("--grid", "{tmp}/nope.yaml"), INPUT, "nope.yaml"),
+    Case("calibrate_unknown_family", calibrate("--families", "[turbo]"), USAGE, "families=['turbo'] is invalid"),
+    Case("calibrate_num_batches_zero", calibrate("--num_batches", "0"), USAGE, "num_batches=0"),
+    Case("calibrate_per_target_zero", calibrate("--per_target", "0"), USAGE, "per_target=0"),
+    Case("calibrate_target_not_empty", calibrate(), USAGE, "exists and is not empty", write("out/keep.txt", "x")),
+    # conformance
+    Case("conformance_vectors_missing", conformance("--vectors", "{tmp}/nope.json", "--check", "{tmp}/e.jsonl"),
+         INPUT, "vectors='", write("e.jsonl", '{"id": 0, "token_ids": [1]}\n')),
+    Case("conformance_check_missing", conformance("--vectors", "{tmp}/v.json", "--check", "{tmp}/nope.jsonl"),
+         INPUT, "check='", vectors_of_the_export),
+    Case("conformance_top_zero", conformance("--vectors", "{tmp}/v.json", "--prompts", "{tmp}/prompts.txt",
+                                             "--top", "0"), USAGE, "top=0"),
     # export options
     Case("export_target_not_empty", export(), USAGE, "exists and is not empty", write("out/keep.txt", "precious")),
     Case("export_target_is_a_file", export(), USAGE, "is a file, not a directory", write("out", "a file")),
