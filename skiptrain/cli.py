@@ -2,9 +2,9 @@
 
 ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's; ``export``, ``generate``, ``evaluate``,
 ``calibrate`` and ``conformance`` are methods of :class:`~skiptrain.trainer.SkipTrainer` whose typed arguments
-become options (``--output_dir``, ``--prompts``, ...). A subcommand whose method takes ``datamodule=None``
-(``export``, ``generate``, ``conformance``) needs no data module: for it the ``data`` section is optional. Adding a
-subcommand is a SkipTrainer method and one line in :meth:`SkipCLI.subcommands`.
+become options (``--output_dir``, ``--prompts``, ...). :data:`DATA_MODULE` says which of them need a data module:
+for the others the ``data`` section is optional. Adding a subcommand is a SkipTrainer method, one line in
+:meth:`SkipCLI.subcommands` and one in :data:`DATA_MODULE`.
 
 Errors in the user's input (:class:`~skiptrain.errors.SkiptrainError`, and Lightning's
 ``MisconfigurationException``, e.g. an accelerator this machine lacks) end the command with one line on stderr,
@@ -15,7 +15,6 @@ exit 2. Any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import inspect
 import os
 import shutil
 import sys
@@ -29,6 +28,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
+from skiptrain.callbacks.export import ExportCallback
 from skiptrain.checkpoints import checkpoint_layout, checkpoint_metadata, resolve_ckpt_path
 from skiptrain.data import SkipDataModule
 from skiptrain.errors import SkiptrainError, UsageError
@@ -40,6 +40,11 @@ from skiptrain.runs import RUN_CONFIG_FILE
 from skiptrain.strategies import release_process_group
 from skiptrain.trainer import SkipTrainer
 
+DATA_MODULE = {"export": "optional", "generate": "unused", "evaluate": "required", "calibrate": "required",
+               "conformance": "unused"}
+"""Whether each of SkipTrainer's subcommands needs a data module (``required``), records it when one is given
+(``optional``: ``export`` keeps the task name), or never uses it (``unused``: its method has no ``datamodule``
+parameter). Lightning's own subcommands require one."""
 FROM_CONFIG = {"model", "datamodule"}
 """Arguments of a SkipTrainer subcommand that the CLI builds from the config rather than parsing as options."""
 DEBUG_VARIABLE = "SKIPTRAIN_DEBUG"
@@ -64,14 +69,11 @@ class SkipCLI(LightningCLI):
         }
 
     def _data_optional(self) -> bool:
-        """Whether the subcommand being built runs without a data module (its method takes ``datamodule=None``).
+        """Whether the subcommand being built runs without a data module (:data:`DATA_MODULE`).
 
         ``--data.*`` may still be given then, e.g. by a run's config.yaml.
         """
-        if self._building is None or self._building in LightningCLI.subcommands():
-            return False
-        parameters = inspect.signature(getattr(self.trainer_class, self._building)).parameters
-        return parameters["datamodule"].default is None
+        return DATA_MODULE.get(self._building, "required") != "required"
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
         self._building = subcommand
@@ -94,6 +96,11 @@ class SkipCLI(LightningCLI):
         # One model name drives both the weights and the tokenizer.
         tokenizer = "data.init_args.tokenizer" if self._data_optional() else "data.tokenizer"
         parser.link_arguments("model.model", tokenizer)
+
+    def after_instantiate_classes(self) -> None:
+        """A data module configured for a subcommand that never uses one (e.g. by a run's config.yaml) is dropped."""
+        if DATA_MODULE.get(self.subcommand) == "unused":
+            self.datamodule = None
 
     def instantiate_trainer(self, **kwargs: Any) -> SkipTrainer:
         """As LightningCLI's, with Lightning's default rich progress bar replaced by :class:`ProgressBar` and a
@@ -140,6 +147,10 @@ class SkipCLI(LightningCLI):
         config = self.model.check_model()
         if config is not None and self.datamodule is not None:
             self.datamodule.check_context(context_length(config))
+        if subcommand == "fit":
+            for callback in self.trainer.callbacks:
+                if isinstance(callback, ExportCallback):
+                    callback.check_target()
         created = _absent(Path(self.trainer.log_dir)) if self.trainer.log_dir else []
         try:
             super()._run_subcommand(subcommand)

@@ -101,7 +101,6 @@ class SkipTrainer(L.Trainer):
     def generate(
         self,
         model: SkipLM,
-        datamodule: SkipDataModule | None = None,
         ckpt_path: str | None = None,
         weights_only: bool | None = None,
         *,
@@ -118,7 +117,6 @@ class SkipTrainer(L.Trainer):
 
         Args:
             model: The module; ``model.model`` may be an export directory.
-            datamodule: Unused (generation needs no data module).
             ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
             weights_only: How the checkpoint is unpickled, as in ``fit``: ``null``/``true`` tensors and plain data
                 only, ``false`` any object (trusted checkpoints only).
@@ -238,7 +236,6 @@ class SkipTrainer(L.Trainer):
     def conformance(
         self,
         model: SkipLM,
-        datamodule: SkipDataModule | None = None,
         ckpt_path: str | None = None,
         weights_only: bool | None = None,
         *,
@@ -259,7 +256,6 @@ class SkipTrainer(L.Trainer):
 
         Args:
             model: The module; ``model.model`` is usually an export directory.
-            datamodule: Unused.
             ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
             weights_only: How the checkpoint is unpickled, as in ``fit``.
             vectors: The vectors file (JSON) to write, or to check against.

@@ -13,11 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
 import pytest
 from test_training import tiny_args
+from transformers import PreTrainedModel
 
-from skiptrain.cli import DEBUG_VARIABLE, main
+import skiptrain.calibrate
+from skiptrain.cli import DEBUG_VARIABLE, SkipCLI, main
+from skiptrain.data import SkipDataModule
 from skiptrain.export import SCHEDULE_FILE
+from skiptrain.module import SkipLM
 from skiptrain.schedules import ScheduleError
 
 USAGE, INPUT = 2, 1  # exit codes: an option or combination of options; an unusable input file
@@ -108,14 +113,16 @@ def without_eos(model: Path) -> None:
 # -- the table -------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
-    """One bad input: the argv (``{model}``, ``{ckpt}``, ... ``{tmp}`` filled in), the exit code, and what the one
-    error line must say."""
+    """One bad input: the argv (``{model}``, ``{ckpt}``, ... ``{tmp}`` filled in), the exit code, what the one
+    error line must say, and, for an input that only the expensive work can find bad, which step that is (every
+    other case is refused with that work made to fail if it runs: :func:`no_expensive_work`)."""
 
     name: str
     argv: tuple[str, ...]
     code: int
     says: str
     prepare: Callable[[Path, Inputs], None] | None = None
+    found_by: tuple[str, ...] = ()  # the expensive steps that run before the input is found bad
 
 
 def fit(*extra: str, schedule: tuple[str, ...] = ("--model.schedule", "SkipDecode", "--model.schedule.min_layers",
@@ -136,10 +143,14 @@ def family(name: str, **params) -> tuple[str, ...]:
     return ("--model.schedule", name, *(a for k, v in params.items() for a in (f"--model.schedule.{k}", v)))
 
 
+READING_DATA = ("Trainer.fit", "reading the data")  # a fit reads its data inside Trainer.fit
+BUILDING_THE_MODEL = ("building the model", "loading weights")
+
+
 def data_file(name: str, content: str | bytes, *extra: str) -> dict:
     """A fit on a local file ``name`` holding ``content`` (summarisation columns ``article``/``highlights``)."""
     return dict(argv=fit("--data.task", "cnn_dailymail", "--data.data_files", f"{{train: {{tmp}}/{name}}}", *extra),
-                prepare=write(name, content))
+                prepare=write(name, content), found_by=READING_DATA)
 
 
 def generate(*extra: str, model: str = "{export}") -> tuple[str, ...]:
@@ -247,6 +258,14 @@ CASES = [
          "ckpt_path='last': no last.ckpt under trainer.default_root_dir="),
     Case("export_callback_target_not_empty", fit(f"--trainer.callbacks+={EXPORT_CALLBACK % '{tmp}/out'}"), USAGE,
          "exists and is not empty", write("out/keep.txt", "precious")),
+    # Lightning's other subcommands and evaluate refuse as fit does
+    Case("validate_schedule", ("validate", *fit(schedule=skipdecode(min_layers="5"))[1:]), USAGE, "min_layers=5"),
+    Case("test_lora_rank", ("test", *fit("--model.lora", "{r: 0}")[1:]), USAGE, "lora.r=0"),
+    Case("predict_lora_target", ("predict", *fit("--model.lora", "{target_modules: [wq]}")[1:]), USAGE,
+         "['wq'] match no linear layer"),
+    Case("evaluate_export_beyond_its_context", ("evaluate", "--model.model", "{export}", "--data.task", "builtin",
+                                                "--data.max_target_tokens", "500", "--trainer.accelerator", "cpu"),
+         USAGE, "exceeds the model's context length of 256"),
     # models
     Case("model_path_missing", ("fit", *fit()[1:], "--model.model", "/nonexistent/model"), INPUT,
          "model='/nonexistent/model': no such file or directory"),
@@ -258,7 +277,7 @@ CASES = [
          "has no eos_token", copy_of("model", without_eos)),
     # data
     Case("data_file_missing", fit("--data.task", "cnn_dailymail", "--data.data_files", "{train: {tmp}/nope.csv}"),
-         INPUT, "nope.csv does not exist"),
+         INPUT, "nope.csv does not exist", found_by=READING_DATA),
     Case("data_wrong_columns", **data_file("news.csv", "text,summary\na,b\n"), code=INPUT,
          says="missing column(s) ['article', 'highlights']"),
     Case("data_empty_split", **data_file("news.csv", "article,highlights\n"), code=INPUT, says="is empty"),
@@ -270,14 +289,15 @@ CASES = [
     Case("data_unsupported_extension", **data_file("news.xlsx", ROWS), code=INPUT, says="unsupported extension"),
     Case("data_training_split_missing",
          fit("--data.task", "cnn_dailymail", "--data.data_files", "{validation: {tmp}/news.csv}"), INPUT,
-         "split 'train' not in data_files", write("news.csv", ROWS)),
+         "split 'train' not in data_files", write("news.csv", ROWS), READING_DATA),
     # checkpoints
     Case("ckpt_missing", export(ckpt="{tmp}/nope.ckpt"), INPUT, "no such file or directory"),
     Case("ckpt_truncated", export(ckpt="{tmp}/ckpt"), INPUT, "truncated", copy_of("ckpt", truncate(""))),
     Case("ckpt_not_a_checkpoint", export(ckpt="{tmp}/notes.ckpt"), INPUT, "not a torch checkpoint",
          write("notes.ckpt", "hello")),
     Case("ckpt_of_another_architecture", ("export", "--model.model", "{other_model}", "--ckpt_path", "{ckpt}",
-                                          "--output_dir", "{tmp}/out"), INPUT, "does not match"),
+                                          "--output_dir", "{tmp}/out"), INPUT, "does not match",
+         found_by=BUILDING_THE_MODEL),
     # exports
     Case("export_bad_json", generate(model="{tmp}/export"), INPUT, "is not valid JSON",
          copy_of("export", lambda e: (e / SCHEDULE_FILE).write_text('{"format": '))),
@@ -370,13 +390,47 @@ def test_the_battery_is_large_and_names_are_unique():
     assert len({case.name for case in CASES}) == len(CASES)
 
 
+def forbidden(step: str) -> Callable[..., None]:
+    def called(*args, **kwargs) -> None:
+        raise AssertionError(f"{step} ran before the bad input was refused")
+
+    return called
+
+
+EXPENSIVE_STEPS = {
+    "loading weights": (PreTrainedModel, "from_pretrained"),  # decoding and profiling need weights
+    "building the model": (SkipLM, "configure_model"),
+    "reading the data": (SkipDataModule, "setup"),
+    "profiling layers": (skiptrain.calibrate, "layer_importance"),
+    "scoring schedules": (skiptrain.calibrate, "schedule_loss"),
+    **{f"Trainer.{stage}": (L.Trainer, stage) for stage in ("fit", "validate", "test", "predict")},
+}
+"""What costs minutes on a real model, each replaced by :func:`no_expensive_work` with a function that fails."""
+
+
+def no_expensive_work(monkeypatch, allowed: tuple[str, ...] = ()) -> None:
+    """Make every step of :data:`EXPENSIVE_STEPS` but those ``allowed`` fail if it is called."""
+    for step, (owner, name) in EXPENSIVE_STEPS.items():
+        if step not in allowed:
+            fail = forbidden(step)
+            monkeypatch.setattr(owner, name, classmethod(fail) if name == "from_pretrained" else fail)
+
+
+def test_every_subcommand_refuses_before_the_expensive_work():
+    """Each subcommand has bad inputs refused with the expensive steps made to fail (the battery below)."""
+    assert all(step in EXPENSIVE_STEPS for case in CASES for step in case.found_by)
+    early = {case.argv[0] for case in CASES if not case.found_by}
+    assert early == set(SkipCLI.subcommands())
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
-def test_a_bad_input_gets_one_line_the_exit_code_and_writes_nothing(case, inputs, tmp_path, capsys):
+def test_a_bad_input_gets_one_line_the_exit_code_and_writes_nothing(case, inputs, tmp_path, capsys, monkeypatch):
     (tmp_path / "prompts.txt").write_text("Forecast:\n")  # what generate reads unless the case says otherwise
     if case.prepare is not None:
         case.prepare(tmp_path, inputs)
     before = snapshot(tmp_path)
     argv = [fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in case.argv]
+    no_expensive_work(monkeypatch, allowed=case.found_by)
     code, stderr = run_cli(argv, capsys)
     lines = error_lines(stderr)
     assert "Traceback" not in stderr, stderr
