@@ -10,9 +10,9 @@ import pytest
 from lightning.pytorch.cli import LightningCLI
 from test_training import tiny_args
 
-from skiptrain.checkpoints import resolve_ckpt_path
-from skiptrain.cli import SkipCLI, main
-from skiptrain.export import read_record
+from skiptrain.cli.app import SkipCLI, main
+from skiptrain.export.write import read_record
+from skiptrain.training.checkpoints import resolve_ckpt_path
 
 COMMON = ("--data.task", "builtin", "--data.max_train_samples", "4", "--model.lora", "{r: 4, alpha: 8, dropout: 0}",
           "--model.generation.num_batches", "0")

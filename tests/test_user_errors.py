@@ -18,12 +18,12 @@ import pytest
 from test_training import tiny_args
 from transformers import PreTrainedModel
 
-import skiptrain.calibrate
-from skiptrain.cli import DEBUG_VARIABLE, SkipCLI, main
-from skiptrain.data import SkipDataModule
-from skiptrain.export import SCHEDULE_FILE
-from skiptrain.module import SkipLM
-from skiptrain.schedules import ScheduleError
+import skiptrain.training.calibrate
+from skiptrain.cli.app import DEBUG_VARIABLE, SkipCLI, main
+from skiptrain.core.schedules import ScheduleError
+from skiptrain.data.datamodule import SkipDataModule
+from skiptrain.export.write import SCHEDULE_FILE
+from skiptrain.training.module import SkipLM
 
 USAGE, INPUT = 2, 1  # exit codes: an option or combination of options; an unusable input file
 ERROR_PREFIX = "skiptrain {}: error: "
@@ -401,8 +401,8 @@ EXPENSIVE_STEPS = {
     "loading weights": (PreTrainedModel, "from_pretrained"),  # decoding and profiling need weights
     "building the model": (SkipLM, "configure_model"),
     "reading the data": (SkipDataModule, "setup"),
-    "profiling layers": (skiptrain.calibrate, "layer_importance"),
-    "scoring schedules": (skiptrain.calibrate, "schedule_loss"),
+    "profiling layers": (skiptrain.training.calibrate, "layer_importance"),
+    "scoring schedules": (skiptrain.training.calibrate, "schedule_loss"),
     **{f"Trainer.{stage}": (L.Trainer, stage) for stage in ("fit", "validate", "test", "predict")},
 }
 """What costs minutes on a real model, each replaced by :func:`no_expensive_work` with a function that fails."""

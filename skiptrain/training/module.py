@@ -23,16 +23,16 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
-from skiptrain.batch import IGNORE_INDEX
+from skiptrain.core.schedules import Dense, ScheduleFamily, SkipSchedule, anneal_from_dense
 from skiptrain.errors import UsageError
-from skiptrain.export import export_config, is_export
-from skiptrain.families import LORA_TARGETS, check_lora_targets, decoder_parts
-from skiptrain.forward import skip_hidden_states
-from skiptrain.generation import SamplingConfig, generate
-from skiptrain.losses import distillation_kl, target_cross_entropy
-from skiptrain.models import load_causal_lm, load_config, load_tokenizer
-from skiptrain.schedules import Dense, ScheduleFamily, SkipSchedule, anneal_from_dense
-from skiptrain.warm_start import load_run_weights, trained_model
+from skiptrain.export.write import export_config, is_export
+from skiptrain.modeling.architectures import architecture, check_lora_targets, decoder_parts
+from skiptrain.modeling.forward import skip_hidden_states
+from skiptrain.modeling.generation import SamplingConfig, generate
+from skiptrain.modeling.loading import load_causal_lm, load_config, load_tokenizer
+from skiptrain.text.batch import IGNORE_INDEX
+from skiptrain.training.losses import distillation_kl, target_cross_entropy
+from skiptrain.training.warm_start import load_run_weights, trained_model
 
 LR_SCHEDULES = {
     "cosine": get_cosine_schedule_with_warmup,
@@ -105,7 +105,7 @@ class Distillation:
 @dataclass
 class Curriculum:
     """Train with a schedule that anneals from dense to ``model.schedule`` (see
-    :func:`~skiptrain.schedules.anneal_from_dense`); validation and export always use the target schedule.
+    :func:`~skiptrain.core.schedules.anneal_from_dense`); validation and export always use the target schedule.
 
     Args:
         fraction: Share of the training steps over which the depth of every position shrinks linearly from all
@@ -295,7 +295,7 @@ class SkipLM(L.LightningModule):
             teacher = trained_model(self.distillation.teacher, self.hparams.attn_implementation)
             self._teacher = (teacher.eval().requires_grad_(False),)
         if self.lora is not None:
-            targets = self.lora.target_modules or LORA_TARGETS[model.config.model_type]
+            targets = self.lora.target_modules or architecture(model.config.model_type).lora_targets
             model = get_peft_model(model, LoraConfig(
                 r=self.lora.r, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
                 target_modules=list(targets), bias=self.lora.bias, task_type="CAUSAL_LM",
@@ -306,7 +306,7 @@ class SkipLM(L.LightningModule):
             if isinstance(model, PeftModel):
                 base.enable_input_require_grads()
         self.model = model
-        decoder_parts(model)  # fail early on an unsupported family or attention implementation
+        decoder_parts(model)  # fail early on an unsupported architecture or attention implementation
         rank_zero_info(
             f"skiptrain: {self.model_name} ({self.schedule.num_layers} layers), schedule {self.schedule.family} "
             f"{self.schedule.params}: {self.schedule.mean_layers_per_token():.2f} layers per generated token "

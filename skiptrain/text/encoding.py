@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from skiptrain.errors import DataError, UsageError
-from skiptrain.tasks import fill_template
+from skiptrain.text.tasks import fill_template
 
 
 def special_token_counts(tokenizer: Any) -> tuple[int, int]:

@@ -1,8 +1,9 @@
 """Loading data for skiptrain: raw splits from files, the hub or the builtin task, and the LightningDataModule.
 
 Splits are loaded (:func:`load_split`), mapped to canonical ``source``/``target`` columns (:func:`resolve_columns`,
-:func:`normalise_columns`), tokenised (:mod:`skiptrain.encoding`) and batched by :func:`skiptrain.batch.collate`,
-whose docstring states the batch layout every consumer relies on. Tasks are described in :mod:`skiptrain.tasks`.
+:func:`normalise_columns`), tokenised (:mod:`skiptrain.text.encoding`) and batched by
+:func:`skiptrain.text.batch.collate`, whose docstring states the batch layout every consumer relies on. Tasks are
+described in :mod:`skiptrain.text.tasks`.
 
 Example::
 
@@ -25,12 +26,12 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
-from skiptrain.batch import PROMPT_IDS, REFERENCES, SOURCE, TARGET_IDS, Collator
-from skiptrain.builtin_task import build_builtin_dataset
-from skiptrain.encoding import encode_pairs, encode_prompts, group_into_blocks
+from skiptrain.data.builtin_task import build_builtin_dataset
 from skiptrain.errors import DataError, UsageError
-from skiptrain.models import load_tokenizer, prepare_tokenizer
-from skiptrain.tasks import MetricKind, TaskSpec, get_task_spec, validate_template
+from skiptrain.modeling.loading import load_tokenizer, prepare_tokenizer
+from skiptrain.text.batch import PROMPT_IDS, REFERENCES, SOURCE, TARGET_IDS, Collator
+from skiptrain.text.encoding import encode_pairs, encode_prompts, group_into_blocks
+from skiptrain.text.tasks import MetricKind, TaskSpec, get_task_spec, validate_template
 
 
 class MissingSplitError(DataError, KeyError):
@@ -399,7 +400,7 @@ class EpochShuffleSampler(torch.utils.data.Sampler[int]):
 class SkipDataModule(L.LightningDataModule):
     """Loads, tokenises and batches data for skiptrain (left-padded prompts ending at one column ``P``).
 
-    Batches are dicts produced by :func:`~skiptrain.batch.collate`: ``input_ids``, ``attention_mask``, ``labels``,
+    Batches are dicts produced by :func:`~skiptrain.text.batch.collate`: ``input_ids``, ``attention_mask``, ``labels``,
     ``prompt_length``, ``prompt_input_ids``, ``prompt_attention_mask`` and, for evaluation batches of
     prompt/target tasks, ``sources`` and ``references``.
     """

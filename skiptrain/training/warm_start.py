@@ -11,16 +11,16 @@ import os
 
 from torch import nn
 
-from skiptrain.checkpoints import CheckpointError, checkpoint_metadata
+from skiptrain.training.checkpoints import CheckpointError, checkpoint_metadata
 
 
 def trained_model(path: str | os.PathLike, attn_implementation: str = "sdpa") -> nn.Module:
     """The causal LM of an earlier run (checkpoint or export), LoRA merged, on the CPU in float32."""
     from lightning.pytorch.cli import instantiate_module
 
-    from skiptrain.export import is_export
-    from skiptrain.module import SkipLM, accept_schedule_families
-    from skiptrain.runs import load_weights
+    from skiptrain.export.write import is_export
+    from skiptrain.training.module import SkipLM, accept_schedule_families
+    from skiptrain.training.runs import load_weights
 
     if is_export(path):
         module = SkipLM(model=str(path), attn_implementation=attn_implementation)

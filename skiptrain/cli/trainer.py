@@ -26,9 +26,10 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import PretrainedConfig
 
-from skiptrain.calibrate import Calibration, CalibrationRequest, calibrate, validation_batches
-from skiptrain.calibration_report import require_matplotlib, write_calibration
-from skiptrain.conformance import (
+from skiptrain.core.output_dir import check_output_dir
+from skiptrain.data.datamodule import SkipDataModule
+from skiptrain.errors import UsageError
+from skiptrain.frontends.conformance import (
     DEFAULT_MARGIN,
     DEFAULT_TOP,
     ConformanceReport,
@@ -38,11 +39,7 @@ from skiptrain.conformance import (
     read_vectors,
     write_vectors,
 )
-from skiptrain.data import SkipDataModule
-from skiptrain.errors import UsageError
-from skiptrain.evaluation import evaluate_against_dense
-from skiptrain.generation import SamplingConfig
-from skiptrain.inference import (
+from skiptrain.frontends.inference import (
     STDIO,
     GenerationReport,
     LongPrompts,
@@ -52,10 +49,13 @@ from skiptrain.inference import (
     read_prompts,
     write_completions,
 )
-from skiptrain.models import context_length
-from skiptrain.module import SkipLM
-from skiptrain.output_dir import check_output_dir
-from skiptrain.runs import export_checkpoint, load_weights
+from skiptrain.modeling.generation import SamplingConfig
+from skiptrain.modeling.loading import context_length
+from skiptrain.training.calibrate import Calibration, CalibrationRequest, calibrate, validation_batches
+from skiptrain.training.calibration_report import require_matplotlib, write_calibration
+from skiptrain.training.evaluation import evaluate_against_dense
+from skiptrain.training.module import SkipLM
+from skiptrain.training.runs import export_checkpoint, load_weights
 
 
 class SkipTrainer(L.Trainer):

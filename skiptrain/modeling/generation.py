@@ -19,10 +19,10 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from skiptrain.core.schedules import SkipSchedule
 from skiptrain.errors import UsageError
-from skiptrain.families import decoder_parts
-from skiptrain.forward import skip_hidden_states
-from skiptrain.schedules import SkipSchedule
+from skiptrain.modeling.architectures import decoder_parts
+from skiptrain.modeling.forward import skip_hidden_states
 
 
 @dataclass(frozen=True)

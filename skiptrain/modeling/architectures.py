@@ -1,10 +1,11 @@
-"""The one place that knows Hugging Face model families.
+"""The architecture table: the one place that knows Hugging Face model architectures (``config.model_type``).
 
-The skip-aware forward drives a model's own decoder layers from a small loop (:mod:`skiptrain.forward`).
-Around the layers it needs three family-specific pieces, kept here as one table so that adding a family
-is one entry: how token embeddings (and learned positions) are made, which per-column inputs every layer
-receives besides the hidden states (rotary position embeddings, position ids), and the final norm.
-Everything else (attention, caches, masks, the LM head) is the model's own code.
+The skip-aware forward drives a model's own decoder layers from a small loop (:mod:`skiptrain.modeling.forward`).
+Around the layers it needs three architecture-specific pieces, kept here as one table so that adding an
+architecture is one entry: how token embeddings (and learned positions) are made, which per-column inputs every
+layer receives besides the hidden states (rotary position embeddings, position ids), and the final norm. The entry
+also names the default LoRA targets. Everything else (attention, caches, masks, the LM head) is the model's own code.
+``custom_generate``'s own table of decoder layers (it cannot import skiptrain) is tested to agree with this one.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ SUPPORTED_ATTENTION = ("eager", "sdpa")
 
 
 @dataclass(frozen=True)
-class DecoderFamily:
-    """How to drive one family of Hugging Face decoder-only models layer by layer.
+class Architecture:
+    """How to drive one architecture of Hugging Face decoder-only models layer by layer.
 
     Args:
         decoder_path: Dotted attribute path from the ``*ForCausalLM`` model to the decoder body.
@@ -35,6 +36,7 @@ class DecoderFamily:
         column_inputs: ``(decoder, hidden, position_ids) -> kwargs`` every layer receives besides the hidden
             states; each tensor (or tuple of tensors) is indexed by column along dim 1.
         final: ``(decoder, hidden) -> hidden`` after the last layer, before the LM head.
+        lora_targets: The default LoRA target modules: the attention projections.
     """
 
     decoder_path: str
@@ -42,6 +44,12 @@ class DecoderFamily:
     embed: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
     column_inputs: Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, Any]]
     final: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    lora_targets: tuple[str, ...]
+
+    @property
+    def layers_path(self) -> str:
+        """Dotted attribute path from the ``*ForCausalLM`` model to its ``nn.ModuleList`` of decoder layers."""
+        return f"{self.decoder_path}.{self.layers_attr}"
 
 
 def _llama_column_inputs(decoder: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
@@ -61,26 +69,28 @@ def _opt_final(decoder: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return hidden if decoder.project_out is None else decoder.project_out(hidden)
 
 
-_LLAMA_LAYOUT = DecoderFamily(
+_LLAMA_LAYOUT = Architecture(
     decoder_path="model",
     layers_attr="layers",
     embed=lambda decoder, input_ids, position_ids: decoder.embed_tokens(input_ids),
     column_inputs=_llama_column_inputs,
     final=lambda decoder, hidden: decoder.norm(hidden),
+    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
 )
 
-FAMILIES: dict[str, DecoderFamily] = {
+ARCHITECTURES: dict[str, Architecture] = {
     "llama": _LLAMA_LAYOUT,  # Llama 2/3, SmolLM/SmolLM2, TinyLlama
     "mistral": _LLAMA_LAYOUT,
     "qwen2": _LLAMA_LAYOUT,
-    "opt": DecoderFamily(
+    "opt": Architecture(
         decoder_path="model.decoder",
         layers_attr="layers",
         embed=_opt_embed,
         column_inputs=lambda decoder, hidden, position_ids: {"position_ids": position_ids},
         final=_opt_final,
+        lora_targets=("q_proj", "k_proj", "v_proj", "out_proj"),
     ),
-    "gpt2": DecoderFamily(
+    "gpt2": Architecture(
         decoder_path="transformer",
         layers_attr="h",
         embed=lambda decoder, input_ids, position_ids: decoder.drop(
@@ -88,18 +98,24 @@ FAMILIES: dict[str, DecoderFamily] = {
         ),
         column_inputs=lambda decoder, hidden, position_ids: {"position_ids": position_ids},
         final=lambda decoder, hidden: decoder.ln_f(hidden),
+        lora_targets=("c_attn",),
     ),
 }
 
 
-# Default LoRA target modules per family: the attention projections.
-LORA_TARGETS: dict[str, tuple[str, ...]] = {
-    "llama": ("q_proj", "k_proj", "v_proj", "o_proj"),
-    "mistral": ("q_proj", "k_proj", "v_proj", "o_proj"),
-    "qwen2": ("q_proj", "k_proj", "v_proj", "o_proj"),
-    "opt": ("q_proj", "k_proj", "v_proj", "out_proj"),
-    "gpt2": ("c_attn",),
-}
+def architecture(model_type: str) -> Architecture:
+    """The table's entry for ``config.model_type``.
+
+    Raises:
+        ModelError: for an architecture the table lacks, naming the supported ones.
+    """
+    found = ARCHITECTURES.get(model_type)
+    if found is None:
+        raise ModelError(
+            f"model_type={model_type!r} is not supported by the skip-aware forward: "
+            f"allowed {sorted(ARCHITECTURES)} (add an entry to skiptrain.modeling.architectures.ARCHITECTURES)"
+        )
+    return found
 
 
 def check_lora_targets(config: PretrainedConfig, targets: Sequence[str]) -> None:
@@ -126,7 +142,7 @@ class DecoderParts:
     """The pieces of one model that the skip-aware loop drives."""
 
     model: PreTrainedModel
-    family: DecoderFamily
+    architecture: Architecture
     decoder: nn.Module
     layers: nn.ModuleList
     lm_head: nn.Module
@@ -168,16 +184,12 @@ def decoder_parts(model: nn.Module) -> DecoderParts:
     """Locate the decoder layers of a (possibly peft-wrapped) Hugging Face causal LM.
 
     Raises:
-        ValueError: for an unsupported model family or attention implementation.
+        ModelError: for an unsupported architecture.
+        UsageError: for an unsupported attention implementation.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config
-    family = FAMILIES.get(config.model_type)
-    if family is None:
-        raise ModelError(
-            f"model_type={config.model_type!r} is not supported by the skip-aware forward: "
-            f"allowed {sorted(FAMILIES)} (add an entry to skiptrain.families.FAMILIES)"
-        )
+    found = architecture(config.model_type)
     attention = config._attn_implementation
     if attention not in SUPPORTED_ATTENTION:
         raise UsageError(
@@ -190,6 +202,6 @@ def decoder_parts(model: nn.Module) -> DecoderParts:
             "and with sharded training; set layerdrop=0"
         )
     decoder = base
-    for name in family.decoder_path.split("."):
+    for name in found.decoder_path.split("."):
         decoder = getattr(decoder, name)
-    return DecoderParts(base, family, decoder, getattr(decoder, family.layers_attr), base.get_output_embeddings())
+    return DecoderParts(base, found, decoder, getattr(decoder, found.layers_attr), base.get_output_embeddings())

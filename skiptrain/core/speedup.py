@@ -6,7 +6,7 @@ where ``L`` is the model's decoder layer count and the token at generated index 
 ``|executed_layers(g)|`` layers. Only decoder-layer work counts (embeddings, LM head, attention over the cache
 and the prompt are left out), so a measured speedup is lower. The number depends on ``N``: a SkipDecode
 schedule gets cheaper along the sequence, so every number skiptrain prints states the generated tokens it
-is taken over. For one sequence of ``N`` tokens this is :meth:`~skiptrain.schedules.SkipSchedule.ideal_speedup`
+is taken over. For one sequence of ``N`` tokens this is :meth:`~skiptrain.core.schedules.SkipSchedule.ideal_speedup`
 ``(N)``; for a batch whose rows generated different lengths, every generated token counts once
 (:func:`mean_executed_layers` over the per-row lengths).
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from skiptrain.schedules import ScheduleError, SkipSchedule
+from skiptrain.core.schedules import ScheduleError, SkipSchedule
 
 
 def mean_executed_layers(schedule: SkipSchedule, lengths: Sequence[int]) -> float:

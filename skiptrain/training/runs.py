@@ -1,4 +1,4 @@
-"""What a training run leaves behind, turned into a model's weights and an :class:`~skiptrain.record.ExportRecord`.
+"""What a training run leaves behind, turned into a model's weights and an export record.
 
 A run is known from one of three sources: a fit that just ended (``ExportCallback``), a checkpoint it wrote
 (``skiptrain export --ckpt_path``), or nothing but the configured module (the base model, or an export directory,
@@ -18,16 +18,23 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from skiptrain.checkpoints import checkpoint_metadata, consolidate_checkpoint
-from skiptrain.export import ADAPTER_ONLY_NEEDS_LORA, ExportUsageError, export_module, is_export, load_exported
-from skiptrain.output_dir import check_output_dir
-from skiptrain.record import NOT_RECORDED, ExportRecord
+from skiptrain.core.output_dir import check_output_dir
+from skiptrain.export.record import NOT_RECORDED, ExportRecord
+from skiptrain.export.write import (
+    ADAPTER_ONLY_NEEDS_LORA,
+    ExportError,
+    ExportUsageError,
+    is_export,
+    load_exported,
+    write_export,
+)
+from skiptrain.training.checkpoints import checkpoint_metadata, consolidate_checkpoint
 
 if TYPE_CHECKING:
     import lightning as L
 
-    from skiptrain.data import SkipDataModule
-    from skiptrain.module import SkipLM
+    from skiptrain.data.datamodule import SkipDataModule
+    from skiptrain.training.module import SkipLM
 
 RUN_CONFIG_FILE = "config.yaml"  # what LightningCLI's SaveConfigCallback writes into the run's log dir
 RUN_METRICS_FILE = "metrics.csv"  # what CSVLogger writes into the run's log dir
@@ -39,9 +46,9 @@ def load_weights(module: SkipLM, ckpt_path: str | None, weights_only: bool | Non
     """Give ``module`` its model: from an export directory, or built from its config plus a checkpoint's weights.
 
     Args:
-        module: A :class:`~skiptrain.module.SkipLM`; ``module.model_name`` may be an export directory.
+        module: A :class:`~skiptrain.training.module.SkipLM`; ``module.model_name`` may be an export directory.
         ckpt_path: A Lightning checkpoint of a fit run (refused for an export, which has its own weights).
-        weights_only: How the checkpoint is unpickled (see :func:`~skiptrain.checkpoints.consolidate_checkpoint`).
+        weights_only: How the checkpoint is unpickled (:func:`~skiptrain.training.checkpoints.consolidate_checkpoint`).
 
     Returns:
         Where the weights came from: the export's record, or a record naming ``module.model_name`` as the base
@@ -170,6 +177,22 @@ def export_checkpoint(
     weights = load_weights(module, ckpt_path, weights_only)
     record = checkpoint_record(weights, ckpt_path, module, datamodule, weights_only)
     return export_module(module, output_dir, record, adapter_only=adapter_only, overwrite=overwrite, in_place=fresh)
+
+
+def export_module(
+    module: SkipLM,
+    output_dir: str | os.PathLike,
+    record: ExportRecord,
+    adapter_only: bool = False,
+    overwrite: bool = False,
+    in_place: bool = False,
+) -> Path:
+    """Export a configured :class:`~skiptrain.training.module.SkipLM` (its model, tokenizer and schedule); see
+    :func:`~skiptrain.export.write.write_export`."""
+    if module.model is None or module.schedule is None:
+        raise ExportError("the module has no model yet: call configure_model() (or load a checkpoint) first")
+    return write_export(module.model, module.get_tokenizer(), module.schedule, output_dir, record,
+                        adapter_only=adapter_only, overwrite=overwrite, in_place=in_place)
 
 
 # -- run files -------------------------------------------------------------------------------------------------------

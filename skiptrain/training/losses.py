@@ -1,7 +1,7 @@
 """Training losses over target-token logits: next-token cross entropy and the distillation KL term.
 
 Both take the logits of the columns that predict a labelled token only (``[N, vocab]``, see
-:meth:`skiptrain.module.SkipLM.target_logits`), so padding and prompt columns never enter a loss.
+:meth:`skiptrain.training.module.SkipLM.target_logits`), so padding and prompt columns never enter a loss.
 """
 
 from __future__ import annotations

@@ -1,22 +1,22 @@
 """Write exports of a fine-tuned model with its skip schedule, verify them, and load them back.
 
 An export (the contract of ``docs/export-format.md``) is a normal Hugging Face model directory, loadable densely by
-plain ``AutoModelForCausalLM.from_pretrained``, plus its :class:`~skiptrain.record.ExportRecord`:
+plain ``AutoModelForCausalLM.from_pretrained``, plus its :class:`~skiptrain.export.record.ExportRecord`:
 
-- ``skip_schedule.json``: the schedule as layer lists (:meth:`~skiptrain.schedules.SkipSchedule.to_json`) with
+- ``skip_schedule.json``: the schedule as layer lists (:meth:`~skiptrain.core.schedules.SkipSchedule.to_json`) with
   ``producer``, ``trained_with_schedule`` and ``base_model``; the same object is mirrored under the key
   ``skip_schedule`` in ``config.json``;
 - ``training_config.yaml``: the resolved LightningCLI config of the run (or, when none is found, the model and
   data hyperparameters stored in the checkpoint);
 - ``README.md``: a model card with the base model, task, schedule, ideal speedup and validation metrics;
-- ``custom_generate/generate.py`` (merged weights only): :mod:`skiptrain.custom_generate`, which makes plain
+- ``custom_generate/generate.py`` (merged weights only): :mod:`skiptrain.export.custom_generate`, which makes plain
   transformers ``generate()`` decode under the schedule when the export is loaded with ``trust_remote_code=True``.
 
 With ``adapter_only`` the directory holds the peft adapter (``adapter_config.json``, ``adapter_model.safetensors``)
 instead of merged weights; ``skip_schedule.json`` names the base model the adapter applies to.
 
 Writing is all-or-nothing: everything goes to a temporary directory beside the target, is verified, and only
-then renamed into place (:mod:`skiptrain.output_dir`). A failed export leaves neither the target nor the temporary
+then renamed into place (:mod:`skiptrain.core.output_dir`). A failed export leaves neither the target nor the temporary
 directory behind.
 Verification (:func:`verify_export`) is the same when an export is written and when it is loaded: each defect
 has one outcome, an :class:`ExportError` naming the file.
@@ -32,7 +32,7 @@ import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -42,17 +42,14 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from skiptrain import custom_generate
+from skiptrain.core.key_diff import Shapes, diff_keys
+from skiptrain.core.output_dir import check_output_dir, staged_directory
+from skiptrain.core.schedules import ScheduleError, SkipSchedule
+from skiptrain.core.speedup import cost_summary
 from skiptrain.errors import InputError, UsageError
-from skiptrain.key_diff import Shapes, diff_keys
-from skiptrain.models import load_causal_lm, load_config, prepare_tokenizer
-from skiptrain.output_dir import check_output_dir, staged_directory
-from skiptrain.record import NOT_RECORDED, ExportRecord, producer
-from skiptrain.schedules import ScheduleError, SkipSchedule
-from skiptrain.speedup import cost_summary
-
-if TYPE_CHECKING:
-    from skiptrain.module import SkipLM
+from skiptrain.export import custom_generate
+from skiptrain.export.record import NOT_RECORDED, ExportRecord, producer
+from skiptrain.modeling.loading import load_causal_lm, load_config, prepare_tokenizer
 
 SCHEDULE_FILE = "skip_schedule.json"
 CONFIG_FILE = "config.json"
@@ -128,7 +125,7 @@ def read_skip_schedule(directory: str | os.PathLike) -> tuple[SkipSchedule, dict
 
 
 def read_record(directory: str | os.PathLike) -> ExportRecord:
-    """The :class:`~skiptrain.record.ExportRecord` of an export, unverified (see :func:`verify_export`).
+    """The :class:`~skiptrain.export.record.ExportRecord` of an export, unverified (see :func:`verify_export`).
 
     Raises:
         ExportError: as :func:`read_skip_schedule`.
@@ -199,7 +196,7 @@ def check_tensors(
 
     Raises:
         ExportError: naming every missing, unexpected, empty or mis-shaped tensor (see
-            :func:`~skiptrain.key_diff.diff_keys`).
+            :func:`~skiptrain.core.key_diff.diff_keys`).
     """
     problems = ([] if saved else ["no tensors were written"]) + diff_keys(saved, expected, optional).problems()
     if problems:
@@ -406,8 +403,8 @@ def _write_record(directory: Path, record: ExportRecord, adapter_only: bool) -> 
 
 
 def write_custom_generate(directory: str | os.PathLike) -> Path:
-    """Ship :mod:`skiptrain.custom_generate` as ``custom_generate/generate.py``: transformers' ``generate()`` with
-    ``trust_remote_code=True`` then decodes under the ``config.json`` schedule, without skiptrain installed."""
+    """Ship :mod:`skiptrain.export.custom_generate` as ``custom_generate/generate.py``: transformers' ``generate()``
+    with ``trust_remote_code=True`` then decodes under the ``config.json`` schedule, without skiptrain installed."""
     target = Path(directory) / CUSTOM_GENERATE_FILE
     target.parent.mkdir(exist_ok=True)
     shutil.copyfile(custom_generate.__file__, target)
@@ -446,7 +443,7 @@ def write_export(
         The export directory.
 
     Raises:
-        OutputDirError: for a refused target (:mod:`skiptrain.output_dir`).
+        OutputDirError: for a refused target (:mod:`skiptrain.core.output_dir`).
         ExportError: for a schedule built for another layer count, a model without adapters and ``adapter_only``,
             or a failed :func:`verify_export`. Nothing is left behind on any failure.
     """
@@ -461,22 +458,6 @@ def write_export(
     rank_zero_info(f"skiptrain: exported to {target} ({'adapter' if adapter_only else 'merged weights'}, schedule "
                    f"{schedule.family}: {cost_summary(schedule, [schedule.span])}, the schedule's span)")
     return target
-
-
-def export_module(
-    module: SkipLM,
-    output_dir: str | os.PathLike,
-    record: ExportRecord,
-    adapter_only: bool = False,
-    overwrite: bool = False,
-    in_place: bool = False,
-) -> Path:
-    """Export a configured :class:`~skiptrain.module.SkipLM` (its model, tokenizer and schedule); see
-    :func:`write_export`."""
-    if module.model is None or module.schedule is None:
-        raise ExportError("the module has no model yet: call configure_model() (or load a checkpoint) first")
-    return write_export(module.model, module.get_tokenizer(), module.schedule, output_dir, record,
-                        adapter_only=adapter_only, overwrite=overwrite, in_place=in_place)
 
 
 # -- loading ---------------------------------------------------------------------------------------------------------
@@ -541,7 +522,6 @@ __all__ = [
     "check_exported_weights",
     "check_tensors",
     "export_config",
-    "export_module",
     "is_export",
     "load_exported",
     "read_record",

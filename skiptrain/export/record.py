@@ -1,10 +1,10 @@
 """The export record: everything an export states about the model and the run that produced it.
 
-One typed record is written by :func:`~skiptrain.export.write_export`, read back by
-:func:`~skiptrain.export.load_exported`, and assembled from a run by :mod:`skiptrain.runs`. On disk it is spread
-over the export's files, whose formats are the export contract:
+One typed record is written by :func:`~skiptrain.export.write.write_export`, read back by
+:func:`~skiptrain.export.write.load_exported`, and assembled from a run by :mod:`skiptrain.training.runs`. On disk it is
+spread over the export's files, whose formats are the export contract:
 
-- ``skip_schedule.json``: the schedule (:meth:`~skiptrain.schedules.SkipSchedule.to_dict`) plus ``producer``,
+- ``skip_schedule.json``: the schedule (:meth:`~skiptrain.core.schedules.SkipSchedule.to_dict`) plus ``producer``,
   ``trained_with_schedule`` and ``base_model`` (:meth:`ExportRecord.schedule_json`);
 - ``training_config.yaml``: :attr:`ExportRecord.training_config`;
 - ``README.md``: all of it, for people (task and validation metrics are written there only).
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from skiptrain.schedules import SkipSchedule
+from skiptrain.core.schedules import SkipSchedule
 
 NOT_RECORDED = "not recorded"
 

@@ -1,23 +1,23 @@
 """Choose a skip schedule from data (``skiptrain calibrate``): every candidate scored by one forward pass.
 
-The skip-aware training forward equals KV-cached decoding under the same schedule (:mod:`skiptrain.forward`), so
-the teacher-forced loss of the validation targets under a schedule is what decoding with that schedule would
+The skip-aware training forward equals KV-cached decoding under the same schedule (:mod:`skiptrain.modeling.forward`),
+so the teacher-forced loss of the validation targets under a schedule is what decoding with that schedule would
 score, token by token, without decoding anything. Calibration measures, on the same validation batches:
 
 - a **layer importance profile**: for each decoder layer, the loss increase when only that layer is skipped for
   generated positions, and the cosine similarity between its input and output hidden states on the target
   columns (:func:`layer_importance`);
 - every **candidate** schedule: its teacher-forced loss and perplexity, computed exactly as
-  :meth:`~skiptrain.module.SkipLM.validation_step` computes ``val/loss_skip``, and its realised cost, the mean
+  :meth:`~skiptrain.training.module.SkipLM.validation_step` computes ``val/loss_skip``, and its realised cost, the mean
   executed layers over the validation targets' actual lengths and the ideal speedup that implies
-  (:mod:`skiptrain.speedup`);
+  (:mod:`skiptrain.core.speedup`);
 - the **Pareto front** of loss against ideal speedup and, for each target speedup, the lowest-loss candidate
   that reaches it (:func:`pareto_front`, :func:`best_for_target`).
 
 Candidates come from a grid per family (:func:`grid_candidates`) or are searched for each target speedup:
 every family's parameters are enumerated, costed without a forward pass, and the few whose realised speedup
 lies in ``[target, target * (1 + tolerance)]`` are scored (:func:`search_candidates`).
-:mod:`skiptrain.calibration_report` writes the results.
+:mod:`skiptrain.training.calibration_report` writes the results.
 """
 
 from __future__ import annotations
@@ -36,12 +36,7 @@ import yaml
 from torchmetrics import MeanMetric
 from tqdm.auto import tqdm
 
-from skiptrain.batch import IGNORE_INDEX
-from skiptrain.errors import DataError, InputError, UsageError
-from skiptrain.families import decoder_parts
-from skiptrain.forward import skip_hidden_states
-from skiptrain.losses import target_cross_entropy
-from skiptrain.schedules import (
+from skiptrain.core.schedules import (
     FAMILIES,
     Dense,
     Hierarchical,
@@ -51,10 +46,15 @@ from skiptrain.schedules import (
     SkipSchedule,
     Static,
 )
-from skiptrain.speedup import mean_executed_layers
+from skiptrain.core.speedup import mean_executed_layers
+from skiptrain.errors import DataError, InputError, UsageError
+from skiptrain.modeling.architectures import decoder_parts
+from skiptrain.modeling.forward import skip_hidden_states
+from skiptrain.text.batch import IGNORE_INDEX
+from skiptrain.training.losses import target_cross_entropy
 
 if TYPE_CHECKING:
-    from skiptrain.module import SkipLM
+    from skiptrain.training.module import SkipLM
 
 SEARCHED_FAMILIES = ("skipdecode", "ranked", "hierarchical", "static")
 """Families :func:`search_candidates` enumerates (``ranked`` uses the measured importance ranking)."""
@@ -77,7 +77,7 @@ def schedule_loss(module: SkipLM, batches: Iterable[Mapping[str, Any]], schedule
     """Teacher-forced loss of the batches' targets under ``schedule``: ``val/loss_skip`` of a validation run.
 
     Each batch's mean cross entropy is weighted by its labelled tokens, exactly as
-    :meth:`~skiptrain.module.SkipLM.validation_step` accumulates it.
+    :meth:`~skiptrain.training.module.SkipLM.validation_step` accumulates it.
     """
     mean = MeanMetric()
     for batch in batches:
@@ -482,7 +482,7 @@ def calibrate(
     """Measure the importance profile and score candidate schedules on validation batches.
 
     Args:
-        module: A :class:`~skiptrain.module.SkipLM` with its model loaded, in eval mode.
+        module: A :class:`~skiptrain.training.module.SkipLM` with its model loaded, in eval mode.
         batches: Validation batches (the data module's collated batches).
         targets: Target ideal speedups to choose a schedule for.
         families: Families to search for each target (when no ``grid`` is given).

@@ -1,10 +1,10 @@
 """Batched completion of raw prompts with the skip-aware front-end, and what it costs (``skiptrain generate``).
 
 Prompts are read (:func:`read_prompts`), tokenised as training tokenises prompts
-(:func:`~skiptrain.encoding.tokenize_prompts`), left-padded per batch by the batch contract
-(:func:`~skiptrain.batch.collate_prompts`) and decoded by :func:`~skiptrain.generation.generate`. The cost is
-reported in :class:`DecodeStats`: wall time, and the mean executed decoder layers and ideal speedup over the
-tokens actually generated (:mod:`skiptrain.speedup`). The speed comparison with dense decoding
+(:func:`~skiptrain.text.encoding.tokenize_prompts`), left-padded per batch by the batch contract
+(:func:`~skiptrain.text.batch.collate_prompts`) and decoded by :func:`~skiptrain.modeling.generation.generate`. The
+cost is reported in :class:`DecodeStats`: wall time, and the mean executed decoder layers and ideal speedup over the
+tokens actually generated (:mod:`skiptrain.core.speedup`). The speed comparison with dense decoding
 (:class:`SpeedComparison`) times both at equal work, every prompt decoded for ``max_new_tokens`` tokens whatever
 its end-of-sequence token, and holds the measured speedup against the parameter-read limit. This module needs no
 data pipeline (``datasets``).
@@ -25,13 +25,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from skiptrain.batch import collate_prompts
-from skiptrain.encoding import tokenize_prompts
+from skiptrain.core.schedules import Dense, SkipSchedule
+from skiptrain.core.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
 from skiptrain.errors import PromptError, UsageError
-from skiptrain.families import decoder_parts
-from skiptrain.generation import SamplingConfig, generate
-from skiptrain.schedules import Dense, SkipSchedule
-from skiptrain.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
+from skiptrain.modeling.architectures import decoder_parts
+from skiptrain.modeling.generation import SamplingConfig, generate
+from skiptrain.text.batch import collate_prompts
+from skiptrain.text.encoding import tokenize_prompts
 
 STDIO = "-"
 WARM_UP_TOKENS = 2
@@ -187,7 +187,7 @@ class DecodeStats:
 
     @property
     def ideal_speedup(self) -> float:
-        """Decoder layers / :attr:`mean_layers_per_token`, over the tokens generated (see :mod:`skiptrain.speedup`)."""
+        """Decoder layers / :attr:`mean_layers_per_token`, over the tokens generated (:mod:`skiptrain.core.speedup`)."""
         return ideal_speedup(self.schedule, self.lengths)
 
 
@@ -205,8 +205,8 @@ def complete(
 ) -> tuple[list[Completion], DecodeStats]:
     """Generate completions of ``prompts`` in batches of ``batch_size`` with the skip-aware front-end.
 
-    Batches come from :func:`prompt_batches`; decoding is :func:`~skiptrain.generation.generate`, inside a fresh
-    ``context()`` per batch (e.g. the precision plugin's autocast). With ``stop_at_eos=False`` every prompt gets
+    Batches come from :func:`prompt_batches`; decoding is :func:`~skiptrain.modeling.generation.generate`, inside a
+    fresh ``context()`` per batch (e.g. the precision plugin's autocast). With ``stop_at_eos=False`` every prompt gets
     ``max_new_tokens`` tokens (equal work, for timing).
 
     Returns:
@@ -233,7 +233,7 @@ def complete(
 # -- the speed comparison --------------------------------------------------------------------------------------------
 def parameter_counts(model: nn.Module) -> tuple[list[int], int]:
     """``(per decoder layer, LM head)`` parameter counts: what a decode step reads for each (see
-    :func:`~skiptrain.speedup.parameter_read_speedup`)."""
+    :func:`~skiptrain.core.speedup.parameter_read_speedup`)."""
     parts = decoder_parts(model)
     return [_num_parameters(layer) for layer in parts.layers], _num_parameters(parts.lm_head)
 

@@ -27,8 +27,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from skiptrain.core.key_diff import diff_keys, list_names
 from skiptrain.errors import InputError, UsageError
-from skiptrain.key_diff import diff_keys, list_names
 
 __all__ = [
     "CheckpointError",
@@ -108,10 +108,11 @@ def consolidate_checkpoint(
     Args:
         path: A ``*.ckpt`` file, a DeepSpeed ZeRO-2/3 checkpoint directory, or an FSDP sharded checkpoint
             directory (what ``ModelCheckpoint`` writes under each strategy).
-        reference: A module with the architecture the weights belong to (e.g. a :class:`~skiptrain.module.SkipLM`
-            after ``configure_model``, or its ``.model`` with ``prefix="model."``). When given, the result is
-            checked against its state dict: tied weights missing from the checkpoint are restored from their
-            partner, and any other missing, unexpected or mis-shaped key raises.
+        reference: A module with the architecture the weights belong to (e.g. a
+            :class:`~skiptrain.training.module.SkipLM` after ``configure_model``, or its ``.model`` with
+            ``prefix="model."``). When given, the result is checked against its state dict: tied weights missing
+            from the checkpoint are restored from their partner, and any other missing, unexpected or mis-shaped key
+            raises.
         prefix: Keep only keys starting with this (e.g. ``"model."`` for the Hugging Face / peft model inside a
             ``SkipLM``) and strip it. ``""`` keeps the LightningModule's own keys.
         weights_only: For single files, as ``torch.load``'s: ``None``/``True`` unpickle tensors and plain data

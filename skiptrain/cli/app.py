@@ -29,16 +29,16 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from skiptrain.callbacks.export import ExportCallback
-from skiptrain.checkpoints import checkpoint_layout, checkpoint_metadata, resolve_ckpt_path
-from skiptrain.data import SkipDataModule
+from skiptrain.cli.progress import ProgressBar
+from skiptrain.cli.trainer import SkipTrainer
+from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import SkiptrainError, UsageError
-from skiptrain.models import context_length
-from skiptrain.module import SkipLM, accept_schedule_families
-from skiptrain.preemption import PreemptionCheckpoint
-from skiptrain.progress import ProgressBar
-from skiptrain.runs import RUN_CONFIG_FILE
-from skiptrain.strategies import release_process_group
-from skiptrain.trainer import SkipTrainer
+from skiptrain.modeling.loading import context_length
+from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata, resolve_ckpt_path
+from skiptrain.training.module import SkipLM, accept_schedule_families
+from skiptrain.training.preemption import PreemptionCheckpoint
+from skiptrain.training.runs import RUN_CONFIG_FILE
+from skiptrain.training.strategies import release_process_group
 
 DATA_MODULE = {"export": "optional", "generate": "unused", "evaluate": "required", "calibrate": "required",
                "conformance": "unused"}

@@ -1,12 +1,12 @@
 """Conformance test vectors for inference front-ends that apply a skip schedule, and the check of an engine's output.
 
-:func:`write_vectors` decodes prompts greedily with the reference decoder (:func:`~skiptrain.generation.generate`,
-exactly ``max_new_tokens`` tokens per prompt, no end-of-sequence stop) and records, per prompt, its token ids, the
-greedy tokens and the top logits of every step, next to the schedule they were decoded under. An engine decodes
-the same prompt ids under the schedule and writes JSON lines ``{"id": ..., "token_ids": [...]}``;
-:func:`check_outputs` compares them token by token and reports each case's first divergence. A different token
-is a tie, and passes, when the reference's logit for it is within ``margin`` of the greedy token's: the two were
-equally likely up to rounding, and the case stops being compared there, as the sequences now differ.
+:func:`write_vectors` decodes prompts greedily with the reference decoder
+(:func:`~skiptrain.modeling.generation.generate`, exactly ``max_new_tokens`` tokens per prompt, no end-of-sequence stop)
+and records, per prompt, its token ids, the greedy tokens and the top logits of every step, next to the schedule they
+were decoded under. An engine decodes the same prompt ids under the schedule and writes JSON lines ``{"id": ...,
+"token_ids": [...]}``; :func:`check_outputs` compares them token by token and reports each case's first divergence. A
+different token is a tie, and passes, when the reference's logit for it is within ``margin`` of the greedy token's: the
+two were equally likely up to rounding, and the case stops being compared there, as the sequences now differ.
 ``docs/export-format.md`` tells an engine author how to use the kit (``skiptrain conformance``).
 """
 
@@ -23,12 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from skiptrain.core.schedules import SkipSchedule
 from skiptrain.errors import InputError, UsageError
-from skiptrain.export import SCHEDULE_FILE, is_export, read_skip_schedule
-from skiptrain.generation import generate
-from skiptrain.inference import prompt_batches
-from skiptrain.record import producer
-from skiptrain.schedules import SkipSchedule
+from skiptrain.export.record import producer
+from skiptrain.export.write import SCHEDULE_FILE, is_export, read_skip_schedule
+from skiptrain.frontends.inference import prompt_batches
+from skiptrain.modeling.generation import generate
 
 FORMAT = "skiptrain.conformance"
 VERSION = 1

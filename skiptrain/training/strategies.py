@@ -1,13 +1,13 @@
 """Scale-out strategies: FSDP and DeepSpeed ZeRO for skip-aware models of any supported family.
 
 Plain DDP needs nothing special (Lightning's ``DDPStrategy`` with ``find_unused_parameters=False`` works, because
-the skip-aware forward calls every decoder layer on every step, see :mod:`skiptrain.forward`). Sharded strategies
-need two things Lightning's stock classes cannot know:
+the skip-aware forward calls every decoder layer on every step, see :mod:`skiptrain.modeling.forward`). Sharded
+strategies need two things Lightning's stock classes cannot know:
 
 - :class:`SkipFSDPStrategy` wraps every *decoder layer* in its own FSDP unit. The layer class depends on the
   family (``LlamaDecoderLayer``, ``OPTDecoderLayer``, ``GPT2Block``, ...) and is only known once
   ``configure_model`` has loaded the model, so the wrap policy is built at setup from
-  :func:`skiptrain.families.decoder_parts`.
+  :func:`skiptrain.modeling.architectures.decoder_parts`.
 - :class:`SkipDeepSpeedStrategy` makes ``transformers`` load weights straight into ZeRO-3 partitions (each rank
   holds 1/N of every weight from the start; without it ``from_pretrained`` would write full weights into empty
   partitioned placeholders) and, with optimizer offload, steps DeepSpeed's vectorised CPU Adam.
@@ -17,7 +17,7 @@ non-reentrant checkpointing of each decoder layer), under every strategy; the st
 checkpoint wrapper.
 
 :func:`release_process_group` ends the process group when the process exits, so that multi-process CPU (gloo)
-runs exit cleanly; :class:`~skiptrain.module.SkipLM` registers it in ``setup``.
+runs exit cleanly; :class:`~skiptrain.training.module.SkipLM` registers it in ``setup``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from skiptrain.errors import UsageError
-from skiptrain.families import decoder_parts
+from skiptrain.modeling.architectures import decoder_parts
 
 __all__ = [
     "ClippingFSDPPrecision",
@@ -51,7 +51,7 @@ def decoder_layer_classes(module: nn.Module) -> set[type[nn.Module]]:
     """The decoder layer class(es) of the first Hugging Face model inside ``module``.
 
     Args:
-        module: A :class:`~skiptrain.module.SkipLM`, a peft model or a plain ``transformers`` causal LM.
+        module: A :class:`~skiptrain.training.module.SkipLM`, a peft model or a plain ``transformers`` causal LM.
 
     Raises:
         ValueError: if ``module`` holds no Hugging Face model, or its family is unsupported.
@@ -110,8 +110,8 @@ class SkipFSDPStrategy(FSDPStrategy):
             ``SHARD_GRAD_OP`` (ZeRO-2-like), ``HYBRID_SHARD`` (full shard within a node, replicated across nodes)
             or ``NO_SHARD`` (DDP).
         state_dict_type: ``sharded``: every rank writes its own shard of a checkpoint directory (fast, no gather;
-            consolidate with :func:`skiptrain.checkpoints.consolidate_checkpoint`); ``full``: rank 0 gathers one
-            ordinary checkpoint file.
+            consolidate with :func:`skiptrain.training.checkpoints.consolidate_checkpoint`); ``full``: rank 0
+            gathers one ordinary checkpoint file.
         cpu_offload: Keep sharded parameters (and gradients) on the CPU between uses.
         limit_all_gathers: Rate-limit all-gathers so prefetching cannot run out of GPU memory.
         backward_prefetch: ``BACKWARD_PRE`` (prefetch the next unit's weights before the current backward,
@@ -214,7 +214,7 @@ class SkipDeepSpeedStrategy(DeepSpeedStrategy):
 
     Precision (``trainer.precision: bf16-mixed``), gradient clipping and accumulation come from the Trainer as
     with Lightning's ``DeepSpeedStrategy``. Checkpoints are directories of per-rank shards; consolidate them with
-    :func:`skiptrain.checkpoints.consolidate_checkpoint`.
+    :func:`skiptrain.training.checkpoints.consolidate_checkpoint`.
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Write a :class:`~skiptrain.calibrate.Calibration` to one directory, all or nothing.
+"""Write a :class:`~skiptrain.training.calibrate.Calibration` to one directory, all or nothing.
 
 ``output_dir`` receives:
 
@@ -26,10 +26,10 @@ from typing import Any
 
 import yaml
 
-from skiptrain.calibrate import Calibration, Candidate
+from skiptrain.core.output_dir import check_output_dir, staged_directory
+from skiptrain.core.schedules import FAMILIES
 from skiptrain.errors import UsageError
-from skiptrain.output_dir import check_output_dir, staged_directory
-from skiptrain.schedules import FAMILIES
+from skiptrain.training.calibrate import Calibration, Candidate
 
 COLUMNS = ("family", "loss", "perplexity", "mean_layers", "ideal_speedup", "pareto", "params")
 

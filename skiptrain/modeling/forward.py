@@ -1,4 +1,4 @@
-"""The skip-aware forward: a Hugging Face decoder run under a :class:`~skiptrain.schedules.SkipSchedule`.
+"""The skip-aware forward: a Hugging Face decoder run under a :class:`~skiptrain.core.schedules.SkipSchedule`.
 
 A batch is left-padded so every prompt ends at column ``P``. By the nesting invariant the columns that run
 layer ``l`` form a prefix ``[0, n_l)``, so layer ``l`` is applied to ``hidden[:, :n_l]`` only and the other
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from skiptrain.families import DecoderParts, decoder_parts
-from skiptrain.schedules import SkipSchedule
+from skiptrain.core.schedules import SkipSchedule
+from skiptrain.modeling.architectures import DecoderParts, decoder_parts
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -85,7 +85,7 @@ def skip_hidden_states(
         schedule: The skip schedule, built for the model's number of decoder layers.
         prompt_length: ``P``, the column where every prompt ends (0 for plain language-model data).
         cache: A ``transformers`` cache for incremental decoding, or ``None`` (training and scoring).
-        parts: Pre-located :func:`~skiptrain.families.decoder_parts` (saves the lookup in a decode loop).
+        parts: Pre-located :func:`~skiptrain.modeling.architectures.decoder_parts` (saves the lookup in a decode loop).
 
     Returns:
         ``[B, q, hidden]`` hidden states of the new columns, ready for the LM head.
@@ -102,9 +102,9 @@ def skip_hidden_states(
     if past == 0:
         _check_prompt_alignment(attention_mask, prompt_length, attention_mask.shape[1])
     position_ids = position_ids_from_mask(attention_mask)[:, past:]  # [B, q]
-    hidden = parts.family.embed(parts.decoder, input_ids, position_ids)  # [B, q, H]
+    hidden = parts.architecture.embed(parts.decoder, input_ids, position_ids)  # [B, q, H]
     masks = parts.layer_masks(hidden, attention_mask, cache, position_ids)
-    column_inputs = parts.family.column_inputs(parts.decoder, hidden, position_ids)
+    column_inputs = parts.architecture.column_inputs(parts.decoder, hidden, position_ids)
     run_lengths = schedule.layer_run_lengths(prompt_length, past + num_new)
     for layer_index, layer in enumerate(parts.layers):
         length = min(max(run_lengths[layer_index] - past, 0), num_new)  # new columns that run this layer
@@ -124,7 +124,7 @@ def skip_hidden_states(
             hidden = layer_out
         else:
             hidden = torch.cat([layer_out, hidden[:, length:]], dim=1)  # [B, q, H]
-    return parts.family.final(parts.decoder, hidden)
+    return parts.architecture.final(parts.decoder, hidden)
 
 
 def skip_forward(

@@ -2,7 +2,7 @@
 
 Both columns come from ``trainer.test`` runs of the same module (the second one with a dense schedule): loss and
 perplexity, the task's generation metrics, and the decode cost over ``model.generation.max_new_tokens`` generated
-tokens (:mod:`skiptrain.speedup`).
+tokens (:mod:`skiptrain.core.speedup`).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from skiptrain.schedules import Dense, SkipSchedule
+from skiptrain.core.schedules import Dense, SkipSchedule
 
 if TYPE_CHECKING:
     import lightning as L
 
-    from skiptrain.data import SkipDataModule
-    from skiptrain.module import SkipLM
+    from skiptrain.data.datamodule import SkipDataModule
+    from skiptrain.training.module import SkipLM
 
 GENERATION_METRICS = ("rouge1", "rouge2", "rougeL", "bleu")
 
