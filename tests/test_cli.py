@@ -8,11 +8,13 @@ import json
 
 import pytest
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from test_training import tiny_args
 
 from skiptrain.cli.app import SkipCLI, main
 from skiptrain.export.write import read_record
 from skiptrain.training.checkpoints import resolve_ckpt_path
+from skiptrain.training.strategies import SkipDeepSpeedStrategy, SkipFSDPStrategy
 
 COMMON = ("--data.task", "builtin", "--data.max_train_samples", "4", "--model.lora", "{r: 4, alpha: 8, dropout: 0}",
           "--model.generation.num_batches", "0")
@@ -48,21 +50,29 @@ def test_the_optimizer_options_are_not_offered(capsys):
     assert "--optimizer" not in shown and "--lr_scheduler" not in shown
 
 
-# -- LightningCLI's private hooks that SkipCLI overrides: what it relies on, so that an upgrade that changes them
-# fails here by name rather than somewhere in a subcommand ----------------------------------------------------------
-def test_the_private_lightning_cli_hooks_skiptrain_overrides_keep_their_contract():
-    hooks = {
-        "_prepare_subcommand_parser": ["self", "klass", "subcommand", "kwargs"],
-        "_parse_ckpt_path": ["self"],
-        "_run_subcommand": ["self", "subcommand"],
-    }
-    for name, parameters in hooks.items():
-        assert list(inspect.signature(getattr(LightningCLI, name)).parameters) == parameters, name
-        assert getattr(SkipCLI, name) is not getattr(LightningCLI, name), name
-    source = inspect.getsource(LightningCLI)
-    # each subcommand's parser is built by _prepare_subcommand_parser, with its name
-    assert "self._prepare_subcommand_parser(trainer_class, subcommand, **subparser_kwargs)" in source
-    # the checkpoint's hyperparameters are parsed after the arguments and before any class is instantiated
+# -- Lightning's private hooks that skiptrain overrides: what it relies on, so that an upgrade that changes them
+# fails here by name rather than somewhere in a run --------------------------------------------------------------------
+PRIVATE_HOOKS = [
+    # (Lightning class, skiptrain's subclass, hook, its parameters, how Lightning calls it)
+    (LightningCLI, SkipCLI, "_prepare_subcommand_parser", ["self", "klass", "subcommand", "kwargs"],
+     "self._prepare_subcommand_parser(trainer_class, subcommand, **subparser_kwargs)"),
+    (LightningCLI, SkipCLI, "_parse_ckpt_path", ["self"], "self._parse_ckpt_path()"),
+    (LightningCLI, SkipCLI, "_run_subcommand", ["self", "subcommand"], "self._run_subcommand(self.subcommand)"),
+    (FSDPStrategy, SkipFSDPStrategy, "_setup_model", ["self", "model"], "self.model = self._setup_model(self.model)"),
+    (DeepSpeedStrategy, SkipDeepSpeedStrategy, "_init_optimizers", ["self"], ") = self._init_optimizers()"),
+]
+
+
+@pytest.mark.parametrize(("base", "subclass", "hook", "parameters", "call"), PRIVATE_HOOKS,
+                         ids=[f"{base.__name__}.{hook}" for base, _, hook, _, _ in PRIVATE_HOOKS])
+def test_the_private_lightning_hooks_skiptrain_overrides_keep_their_contract(base, subclass, hook, parameters, call):
+    assert list(inspect.signature(getattr(base, hook)).parameters) == parameters
+    assert getattr(subclass, hook) is not getattr(base, hook)
+    assert call in inspect.getsource(base)
+
+
+def test_lightning_cli_parses_the_checkpoint_between_the_arguments_and_the_classes():
+    """SkipCLI._parse_ckpt_path reads ``self.config`` after parsing and changes it before instantiation."""
     init = inspect.getsource(LightningCLI.__init__)
     order = [init.index(call) for call in ("self.parse_arguments(", "self._parse_ckpt_path()",
                                            "self.instantiate_classes()", "self._run_subcommand(")]
