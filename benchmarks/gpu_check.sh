@@ -28,7 +28,7 @@
 # ZERO3_STRATEGY / FSDP_STRATEGY (JSON class_path objects), GPU_CHECK_WORK (/tmp/skiptrain_gpu_check). A CPU dry
 # run of the whole script on a tiny model: GPU_CHECK_MODEL=<tiny model dir> GPU_CHECK_ACCELERATOR=cpu
 # PRECISION=32-true STEPS=4 BATCH=2 PYTHONPATH=tests ZERO3_STRATEGY='{"class_path":
-# "cpu_strategies.CPUDeepSpeedStrategy", "init_args": {"stage": 3}}' bash benchmarks/gpu_check.sh
+# "helpers.cpu_strategies.CPUDeepSpeedStrategy", "init_args": {"stage": 3}}' bash benchmarks/gpu_check.sh
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

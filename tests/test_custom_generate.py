@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorL
 
 from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forward
 from skiptrain.export.custom_generate import DECODER_LAYERS, SkipScheduleError, decoder_layers
-from skiptrain.export.write import CUSTOM_GENERATE_FILE
+from skiptrain.export.format import CUSTOM_GENERATE_FILE
 from skiptrain.modeling.architectures import ARCHITECTURES
 from skiptrain.modeling.loading import load_tokenizer
 
-HF_FAMILIES = ("llama", "qwen2", "opt", "gpt2")
+HF_FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2")
 PROMPTS = [
     "Describe the weather in one sentence. Forecast: city[Oslo], day[Monday]",
     "The council met",
@@ -61,9 +61,10 @@ class Recorder(LogitsProcessor):
         return scores
 
 
-@pytest.mark.parametrize("family", HF_FAMILIES)
-def test_greedy_generate_equals_skiptrain_tokens_and_logits(export, family):
-    path = export(family)
+@pytest.mark.parametrize(("family", "schedule"), [(family, "skipdecode") for family in HF_FAMILIES]
+                         + [("llama", "ranked"), ("llama", "hierarchical"), ("mistral-sliding", "skipdecode")])
+def test_greedy_generate_equals_skiptrain_tokens_and_logits(export, family, schedule):
+    path = export(family, schedule)
     tokenizer = load_tokenizer(str(path))
     batch = prompt_batch(tokenizer)
     expected, _ = reference(path, batch, return_logits=True)

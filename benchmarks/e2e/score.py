@@ -28,7 +28,7 @@ from skiptrain import generate
 from skiptrain.core.speedup import ideal_speedup, mean_executed_layers
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
-from skiptrain.training.warm_start import trained_model
+from skiptrain.training.sources import load_trained_model, resolve_source
 
 TEST_FILE = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
 BASE_MODEL = "smollm2-135m-instruct"
@@ -43,7 +43,7 @@ def schedule_family(path: Path) -> skiptrain.ScheduleFamily:
 
 def load_model(checkpoint: str | None) -> torch.nn.Module:
     """The base model, or a run's model with LoRA merged (as in an export)."""
-    return (load_causal_lm(BASE_MODEL) if checkpoint is None else trained_model(checkpoint)).eval()
+    return (load_causal_lm(BASE_MODEL) if checkpoint is None else load_trained_model(resolve_source(checkpoint))).eval()
 
 
 def test_batches(data_file: str, batch_size: int, task: str = "e2e_nlg", max_source_tokens: int = 96) -> list[dict]:
