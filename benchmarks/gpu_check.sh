@@ -92,7 +92,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 
 step "model"
-MODEL=$("$PY" benchmarks/gpu_check.py --results "$RESULTS" model --work "$WORK" --model "${GPU_CHECK_MODEL:-}")
+MODEL=$(PYTHONPATH="tests${PYTHONPATH:+:$PYTHONPATH}" "$PY" benchmarks/gpu_check.py --results "$RESULTS" model --work "$WORK" --model "${GPU_CHECK_MODEL:-}")
 read -r -a SCHEDULE <<< "$("$PY" benchmarks/gpu_check.py --results "$RESULTS" schedule --model "$MODEL")"
 echo "model: $MODEL; schedule: ${SCHEDULE[*]}"
 
@@ -141,7 +141,7 @@ step "reload the export; skip-aware vs dense decoding"
 "$PY" benchmarks/gpu_check.py --results "$RESULTS" bench --export "$WORK/export" --batch "$BATCH" --new-tokens 128
 
 step "side by side: transformers and skiptrain, dense and 2x ($FRONTENDS_DTYPE, batch 1, 8 and 32)"
-"$PY" benchmarks/bench_frontends.py --device "$DEVICE" --dtype "$FRONTENDS_DTYPE" --batches 1,8,32 \
+"$PY" -m benchmarks.bench_frontends --device "$DEVICE" --dtype "$FRONTENDS_DTYPE" --batches 1,8,32 \
     ${FRONTENDS_ARGS:-} --out "$RESULTS_DIR/frontends_gpu.json"
 
 step "done in $((SECONDS - started)) s: $RESULTS"

@@ -212,7 +212,8 @@ def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragment, sch
     recipe = _parse(["--config", str(ROOT / "recipes/smollm2-135m_e2e.yaml"),
                      "--config", str(STUDY / "local_data.yaml"),
                      "--config", str(ROOT / "recipes/fragments" / fragment)])
-    study = _parse(["--config", str(STUDY / "train_base.yaml"), "--config", str(STUDY / f"schedule_{schedule}.yaml"),
+    study = _parse(["--config", str(STUDY / "train_base.yaml"),
+                    "--config", str(ROOT / "benchmarks/schedules" / f"{schedule}.yaml"),
                     "--config", str(ROOT / "benchmarks/levers/lora_all_r64.yaml")])
 
     def training(cli) -> dict:
