@@ -7,12 +7,12 @@ import inspect
 import json
 
 import pytest
+from helpers.cli_args import tiny_args
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
-from test_training import tiny_args
 
 from skiptrain.cli.app import SkipCLI, main
-from skiptrain.export.write import read_record
+from skiptrain.export.format import read_record
 from skiptrain.training.checkpoints import resolve_ckpt_path
 from skiptrain.training.strategies import SkipDeepSpeedStrategy, SkipFSDPStrategy
 

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-from test_training import tiny_args
+from helpers.cli_args import tiny_args
 from transformers import PreTrainedModel
 
 import skiptrain.training.calibrate
 from skiptrain.cli.app import DEBUG_VARIABLE, SkipCLI, main
 from skiptrain.core.schedules import ScheduleError
 from skiptrain.data.datamodule import SkipDataModule
-from skiptrain.export.write import SCHEDULE_FILE
+from skiptrain.export.format import SCHEDULE_FILE
 from skiptrain.training.module import SkipLM
 
 USAGE, INPUT = 2, 1  # exit codes: an option or combination of options; an unusable input file
@@ -456,7 +456,7 @@ def test_debug_shows_the_traceback(inputs, tmp_path, monkeypatch):
 
 
 def test_a_bug_keeps_its_traceback(inputs, tmp_path):
-    crash = '{"class_path": "interrupt.CrashAtEpoch", "init_args": {"epoch": 0}}'
+    crash = '{"class_path": "helpers.interrupt.CrashAtEpoch", "init_args": {"epoch": 0}}'
     with pytest.raises(RuntimeError, match="simulated crash"):
         main([fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in fit(f"--trainer.callbacks+={crash}")])
 

@@ -55,16 +55,16 @@ from skiptrain.training.calibrate import Calibration, CalibrationRequest, calibr
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
 from skiptrain.training.evaluation import evaluate_against_dense
 from skiptrain.training.module import SkipLM
-from skiptrain.training.runs import export_checkpoint, load_weights
+from skiptrain.training.runs import export_checkpoint
 
 
 class SkipTrainer(L.Trainer):
     """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`."""
 
     def _place_for_inference(self, model: SkipLM) -> torch.device:
-        """Move the loaded ``model.model`` to this trainer's device and precision, in eval mode; returns the device."""
+        """Move the loaded module to this trainer's device and precision, in eval mode; returns the device."""
         device = self.strategy.root_device
-        model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
+        self.precision_plugin.convert_module(model).to(device).eval()  # in place: the module keeps its own model
         return device
 
     def export(
@@ -137,7 +137,7 @@ class SkipTrainer(L.Trainer):
         config = _model_config(model)
         prompt_texts = fit_prompts(model.get_tokenizer(), read_prompts(prompts), context_length(config),
                                    max_new_tokens, long_prompts)
-        load_weights(model, ckpt_path, weights_only)
+        model.load_weights(ckpt_path, weights_only)
         tokenizer = model.get_tokenizer()
         device = self._place_for_inference(model)
         report = generate_report(
@@ -173,7 +173,7 @@ class SkipTrainer(L.Trainer):
                 only, ``false`` any object (trusted checkpoints only).
             output: Also write the table as JSON to this file.
         """
-        load_weights(model, ckpt_path, weights_only)
+        model.load_weights(ckpt_path, weights_only)
         return evaluate_against_dense(self, model, datamodule, output)
 
     def calibrate(
@@ -222,7 +222,7 @@ class SkipTrainer(L.Trainer):
         request = CalibrationRequest.checked(_model_config(model).num_hidden_layers, targets, families, grid,
                                              per_target, tolerance, num_batches, generation_batches)
         batches = validation_batches(datamodule, request.num_batches)
-        load_weights(model, ckpt_path, weights_only)
+        model.load_weights(ckpt_path, weights_only)
         batches = move_data_to_device(batches, self._place_for_inference(model))
         with self.precision_plugin.forward_context():
             result = calibrate(model, batches, targets=request.targets, families=request.families, grid=request.grid,
@@ -268,7 +268,7 @@ class SkipTrainer(L.Trainer):
                 (default 1e-3); when checking, overrides it.
         """
         if check is not None:
-            report = check_outputs(read_vectors(vectors, model.model_name), read_outputs(check), margin)
+            report = check_outputs(read_vectors(vectors, model.source.schedule()), read_outputs(check), margin)
             if not report.passed:
                 raise SystemExit(report.summary())
             rank_zero_info(report.summary())
@@ -278,7 +278,7 @@ class SkipTrainer(L.Trainer):
         check_vector_options(top, margin)
         prompt_texts = read_prompts(prompts)
         _model_config(model)
-        load_weights(model, ckpt_path, weights_only)
+        model.load_weights(ckpt_path, weights_only)
         device = self._place_for_inference(model)
         written = write_vectors(
             model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,
@@ -302,7 +302,7 @@ def _max_new_tokens(model: SkipLM, given: int | None) -> int:
 
 
 def _model_config(model: SkipLM) -> PretrainedConfig:
-    """The architecture ``model`` will have, checked (:meth:`~skiptrain.module.SkipLM.check_model`) before any
+    """The architecture ``model`` will have, checked (:meth:`~skiptrain.training.module.SkipLM.check_model`) before any
     weights are read; the loaded model's own when it is already built."""
     config = model.check_model()
     return config if config is not None else model.model.config
