@@ -47,6 +47,7 @@ from skiptrain.errors import InputError, UsageError
 from skiptrain.key_diff import Shapes, diff_keys
 from skiptrain.models import load_causal_lm, load_config, prepare_tokenizer
 from skiptrain.output_dir import check_output_dir, staged_directory
+from skiptrain.quantization import Quantization, is_quantized, merge_into_dequantized
 from skiptrain.record import NOT_RECORDED, ExportRecord, producer
 from skiptrain.schedules import ScheduleError, SkipSchedule
 from skiptrain.speedup import cost_summary
@@ -279,6 +280,7 @@ def model_card(record: ExportRecord, adapter_only: bool = False) -> str:
         if adapter_only
         else "Merged weights (safetensors): a plain Hugging Face model."
     )
+    quantized = "" if record.base_quantization is None else f"- {_quantization_note(record, adapter_only)}\n"
     trained = "fine-tuned with the schedule in its forward pass" if record.trained_with_schedule else (
         "NOT fine-tuned with the schedule (the schedule was only attached)")
     return f"""---
@@ -293,7 +295,7 @@ tags:
 - Base model: `{record.base_model}`
 - Task: {record.task or NOT_RECORDED}
 - Weights: {weights}
-- Skip schedule: `{schedule.family}` {json.dumps(schedule.params)}, {trained}
+{quantized}- Skip schedule: `{schedule.family}` {json.dumps(schedule.params)}, {trained}
 - Decoder-layer cost over the schedule's span: {cost_summary(schedule, [schedule.span])}; the ideal speedup is
   decoder layers / mean executed decoder layers per generated token
 - Produced by {record.producer}
@@ -352,10 +354,27 @@ The training configuration is in `{TRAINING_CONFIG_FILE}`.
 """
 
 
-def _merged_model(model: nn.Module, in_place: bool) -> nn.Module:
-    """The plain transformers model with any LoRA adapters merged (a copy unless ``in_place``)."""
+def _quantization_note(record: ExportRecord, adapter_only: bool) -> str:
+    """The model card's line on a QLoRA run: what the adapter was trained on, and what the weights here are."""
+    quantization = Quantization(**record.base_quantization)
+    trained_on = f"QLoRA: the adapter was trained on the base quantized to {quantization.describe()} (bitsandbytes)"
+    if adapter_only:
+        return (f"{trained_on}; `load_exported` quantizes the base the same way and merges the adapter into its "
+                "dequantized weights")
+    return (f"{trained_on}; the merged weights are that base dequantized to float32 plus the adapter (no "
+            "re-quantization), so they compute what the trained model did")
+
+
+def merged_model(model: nn.Module, in_place: bool = False) -> nn.Module:
+    """The plain transformers model with any LoRA adapters merged (a copy unless ``in_place``).
+
+    A quantized (QLoRA) base is dequantized to float32 before the merge, always into a copy
+    (:func:`~skiptrain.quantization.merge_into_dequantized`): the merged weights compute what the trained model did.
+    """
     if not isinstance(model, PeftModel):
         return model
+    if is_quantized(model):
+        return merge_into_dequantized(model)
     return (model if in_place else copy.deepcopy(model)).merge_and_unload()
 
 
@@ -366,7 +385,7 @@ def _write_weights(model: nn.Module, directory: Path, adapter_only: bool, in_pla
         model.save_pretrained(str(directory))
         check_exported_adapter(directory, model)
         return
-    _merged_model(model, in_place).save_pretrained(str(directory))
+    merged_model(model, in_place).save_pretrained(str(directory))
 
 
 def _write_record(directory: Path, record: ExportRecord, adapter_only: bool) -> None:
@@ -504,10 +523,12 @@ def load_exported(
     directory = Path(path)
     record = verify_export(directory)
     if is_adapter_export(directory):
-        base = load_causal_lm(record.base_model, attn_implementation=attn_implementation, dtype=dtype)
+        quantization = None if record.base_quantization is None else Quantization(**record.base_quantization)
+        base = load_causal_lm(record.base_model, attn_implementation=attn_implementation, dtype=dtype,
+                              quantization_config=quantization and quantization.config())
         adapted = PeftModel.from_pretrained(base, str(directory))
         check_exported_adapter(directory, adapted)
-        model = adapted.merge_and_unload()
+        model = merged_model(adapted, in_place=True).to(dtype or torch.float32)
     else:
         model = load_causal_lm(str(directory), attn_implementation=attn_implementation, dtype=dtype)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(str(directory)))

@@ -12,11 +12,13 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from jsonargparse import set_parsing_settings
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from torchmetrics import MeanMetric
 from torchmetrics.text import ROUGEScore, SacreBLEUScore
 from transformers import (
+    BitsAndBytesConfig,
     PretrainedConfig,
     get_constant_schedule_with_warmup,
     get_cosine_schedule_with_warmup,
@@ -31,6 +33,14 @@ from skiptrain.forward import skip_hidden_states
 from skiptrain.generation import SamplingConfig, generate
 from skiptrain.losses import distillation_kl, target_cross_entropy
 from skiptrain.models import load_causal_lm, load_config, load_tokenizer
+from skiptrain.quantization import (
+    Quantization,
+    check_strategy,
+    is_under,
+    quantized_weight_names,
+    require_bitsandbytes,
+    use_training_kernels,
+)
 from skiptrain.schedules import Dense, ScheduleFamily, SkipSchedule, anneal_from_dense
 from skiptrain.warm_start import load_run_weights, trained_model
 
@@ -147,6 +157,8 @@ class SkipLM(L.LightningModule):
             ``Static``, ``Dense``); the layer count comes from the loaded model. There is no default: required, except
             when ``model`` is an export directory, whose ``skip_schedule.json`` is used.
         lora: LoRA settings; ``null`` fine-tunes every weight.
+        quantization: Store the frozen base weights in 4 or 8 bits with bitsandbytes and train LoRA adapters on
+            them (QLoRA; needs ``lora`` and ``pip install 'skiptrain[qlora]'``); ``null`` keeps them in full precision.
         distillation: Distillation from a teacher at full depth; ``null`` disables it.
         dense_loss_weight: Weight of a second cross entropy computed on the dense path (all layers) of the same
             weights, added to the scheduled one so that one model serves both depths; 0 disables it.
@@ -169,6 +181,7 @@ class SkipLM(L.LightningModule):
         model: str,
         schedule: ScheduleFamily | None = None,
         lora: LoraSettings | None = None,
+        quantization: Quantization | None = None,
         distillation: Distillation | None = None,
         dense_loss_weight: float = 0.0,
         curriculum: Curriculum | None = None,
@@ -201,10 +214,17 @@ class SkipLM(L.LightningModule):
         if distillation is not None and distillation.teacher == "base" and lora is None:
             raise UsageError("distillation.teacher='base' needs lora: the base model with adapters disabled is the "
                              "teacher; use teacher 'dense' or a checkpoint path for full fine-tuning")
+        if quantization is not None:
+            if lora is None:
+                raise UsageError("model.quantization needs model.lora: quantized base weights are frozen, so only "
+                                 "LoRA adapters can train on them; set model.lora, or model.quantization: null for "
+                                 "full fine-tuning")
+            require_bitsandbytes()
         self.save_hyperparameters()
         self.model_name = model
         self.schedule_family = schedule
         self.lora = lora
+        self.quantization = quantization
         self.distillation = distillation
         self.curriculum = curriculum
         self.generation = generation if generation is not None else GenerationSettings()
@@ -225,7 +245,10 @@ class SkipLM(L.LightningModule):
         return super().load_from_checkpoint(*args, **kwargs)
 
     def setup(self, stage: str) -> None:
-        """Create the generation metrics; ``auto`` asks the data module which its task uses."""
+        """Refuse a quantized base under a sharding strategy; create the generation metrics (``auto`` asks the data
+        module which its task uses)."""
+        if self.quantization is not None and self._trainer is not None:
+            check_strategy(self.trainer.strategy)
         metric = self.generation.metric
         if metric == "auto":
             datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -233,6 +256,30 @@ class SkipLM(L.LightningModule):
         # ROUGE-Lsum is left out: it needs nltk data that cannot be fetched offline.
         self.rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL")) if metric in ("rouge", "both") else None
         self.bleu = SacreBLEUScore() if metric in ("bleu", "both") else None
+
+    # -- state ---------------------------------------------------------------------------------------------------
+    def _quantized_weights(self) -> tuple[str, ...]:
+        return quantized_weight_names(self) if self.quantization is not None and self.model is not None else ()
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """As torch's, without quantized base weights (QLoRA): frozen, they are quantized again from ``model``."""
+        state = super().state_dict(*args, **kwargs)
+        frozen = self._quantized_weights()
+        for key in [k for k in state if is_under(k, frozen)] if frozen else ():
+            del state[key]
+        return state
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """As torch's; quantized base weights, which :meth:`state_dict` leaves out, may be missing."""
+        frozen = self._quantized_weights()
+        if not frozen:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        result.missing_keys[:] = [k for k in result.missing_keys if not is_under(k, frozen)]
+        if strict and (result.missing_keys or result.unexpected_keys):
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}: missing keys "
+                               f"{result.missing_keys}, unexpected keys {result.unexpected_keys}")
+        return result
 
     # -- model ---------------------------------------------------------------------------------------------------
     def _schedule_family(self) -> ScheduleFamily:
@@ -243,8 +290,9 @@ class SkipLM(L.LightningModule):
                              "schedule")
         return self.schedule_family
 
-    def check_model(self) -> PretrainedConfig | None:
-        """Refuse a model that cannot be found, or a schedule that does not fit it, from the model's config alone.
+    def check_model(self, strategy: Strategy | None = None) -> PretrainedConfig | None:
+        """Refuse a model that cannot be found, or a schedule that does not fit it, from the model's config alone;
+        and a quantized base under a ``strategy`` that shards parameters.
 
         No weights are read (a GGUF file's header is, once: the config is kept for later calls). The CLI calls it
         before a run directory or an output is written. An export directory is checked when it is loaded.
@@ -255,8 +303,10 @@ class SkipLM(L.LightningModule):
         Raises:
             ModelError: for a model that cannot be found or is not a causal LM.
             ScheduleError: for schedule parameters the model's layer count does not allow.
-            UsageError: for a missing schedule.
+            UsageError: for a missing schedule, or quantization under FSDP or DeepSpeed.
         """
+        if self.quantization is not None and strategy is not None:
+            check_strategy(strategy)
         if self.model is not None or is_export(self.model_name):
             return None
         if self._model_config is None:
@@ -269,13 +319,18 @@ class SkipLM(L.LightningModule):
         if self.model is not None:
             return
         family = self._schedule_family()
-        model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation).train()
+        model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation,
+                               quantization_config=self._quantization_config()).train()
         self.schedule = family.build(model.config.num_hidden_layers)
         if self.hparams.init_from is not None:
             load_run_weights(model, self.hparams.init_from)
         if self.distillation is not None and self.distillation.teacher not in TEACHERS:
             teacher = trained_model(self.distillation.teacher, self.hparams.attn_implementation)
             self._teacher = (teacher.eval().requires_grad_(False),)
+        if self.quantization is not None:
+            # Norms and embeddings in float32, base frozen; activation checkpointing is set below, as without it.
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+            use_training_kernels(model)
         if self.lora is not None:
             targets = self.lora.target_modules or LORA_TARGETS[model.config.model_type]
             model = get_peft_model(model, LoraConfig(
@@ -294,6 +349,12 @@ class SkipLM(L.LightningModule):
             f"{self.schedule.params}: {self.schedule.mean_layers_per_token():.2f} layers per generated token "
             f"over its span of {self.schedule.span} tokens, ideal decode speedup {self.schedule.ideal_speedup():.2f}x"
         )
+
+    def _quantization_config(self) -> BitsAndBytesConfig | None:
+        """bitsandbytes' load-time config, its ``auto`` compute dtype following the trainer's precision."""
+        if self.quantization is None:
+            return None
+        return self.quantization.config(self.trainer.precision if self._trainer is not None else None)
 
     def get_tokenizer(self):
         if self.tokenizer is None:

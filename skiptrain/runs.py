@@ -67,7 +67,13 @@ def load_weights(module: SkipLM, ckpt_path: str | None, weights_only: bool | Non
         module.load_state_dict(consolidate_checkpoint(ckpt_path, reference=module, weights_only=weights_only))
     else:
         rank_zero_warn(f"no ckpt_path: using the weights of {module.model_name!r} as loaded, not fine-tuned")
-    return ExportRecord(module.model_name, trained_with_schedule=bool(ckpt_path), schedule=module.schedule)
+    return ExportRecord(module.model_name, trained_with_schedule=bool(ckpt_path), schedule=module.schedule,
+                        base_quantization=_quantization_settings(module))
+
+
+def _quantization_settings(module: SkipLM) -> dict[str, Any] | None:
+    """The QLoRA settings the module's adapters train on, for its record (``None``: a full-precision base)."""
+    return None if module.quantization is None else dataclasses.asdict(module.quantization)
 
 
 # -- the record ------------------------------------------------------------------------------------------------------
@@ -103,7 +109,8 @@ def run_record(
 def fit_record(trainer: L.Trainer, module: SkipLM) -> ExportRecord:
     """The record of a run that just finished fitting: its log dir's config, its last validation metrics."""
     datamodule = getattr(trainer, "datamodule", None)
-    weights = ExportRecord(module.model_name, trained_with_schedule=trainer.global_step > 0, schedule=module.schedule)
+    weights = ExportRecord(module.model_name, trained_with_schedule=trainer.global_step > 0, schedule=module.schedule,
+                           base_quantization=_quantization_settings(module))
     return run_record(
         weights,
         task=getattr(datamodule, "task", None),

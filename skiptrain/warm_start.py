@@ -18,7 +18,7 @@ def trained_model(path: str | os.PathLike, attn_implementation: str = "sdpa") ->
     """The causal LM of an earlier run (checkpoint or export), LoRA merged, on the CPU in float32."""
     from lightning.pytorch.cli import instantiate_module
 
-    from skiptrain.export import is_export
+    from skiptrain.export import is_export, merged_model
     from skiptrain.module import SkipLM, accept_schedule_families
     from skiptrain.runs import load_weights
 
@@ -37,8 +37,7 @@ def trained_model(path: str | os.PathLike, attn_implementation: str = "sdpa") ->
     else:
         module = SkipLM(**hparams)
     load_weights(module, ckpt_path=str(path))
-    model = module.model
-    return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    return merged_model(module.model, in_place=True)
 
 
 def load_run_weights(model: nn.Module, path: str | os.PathLike) -> None:
