@@ -180,6 +180,19 @@ def test_an_adapter_export_and_the_checkpoint_give_back_the_trained_model(qlora_
             torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, expected, atol=1e-5, rtol=0)
 
 
+def test_calibrate_profiles_the_quantized_checkpoint(qlora_run, tmp_path):
+    run = qlora_run("llama")
+    ckpt = next(run.run_dir.rglob("*.ckpt"))
+    out = tmp_path / "calibrated"
+    cli = main(["calibrate", *tiny_args(run.model_dir, tmp_path / "run", "--data.task", "builtin",
+                                        "--model.generation.num_batches", "0"),
+                "--model.lora", LORA, "--model.quantization", QUANTIZATION, "--ckpt_path", str(ckpt),
+                "--output_dir", str(out), "--targets", "[1.25]", "--per_target", "1", "--generation_batches", "1"])
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in cli.model.model.modules())
+    candidates = json.loads((out / "candidates.json").read_text())
+    assert candidates and all(torch.isfinite(torch.tensor(c["loss"])) for c in candidates)
+
+
 # -- refusals: one line, exit code 2, nothing written ----------------------------------------------------------------
 def fit_argv(model: str, tmp: Path, *extra: str) -> list[str]:
     return ["fit", *tiny_args(model, tmp / "run", "--data.task", "builtin", "--data.max_train_samples", "4",

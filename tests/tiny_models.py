@@ -20,8 +20,8 @@ FAMILIES = ("opt", "llama", "gpt2", "mistral", "qwen2")
 def tiny_config(model_type: str, num_layers: int = 6, vocab_size: int = 97, width: int = 32) -> PretrainedConfig:
     """A config of the given family with ``num_layers`` layers of width ``width`` (MLPs twice as wide)."""
     common = {"vocab_size": vocab_size, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-    llama_like = dict(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=num_layers, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=256, **common)
+    llama_like = dict(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=num_layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **common)
     configs = {
         "opt": lambda: OPTConfig(hidden_size=width, ffn_dim=2 * width, num_hidden_layers=num_layers,
                                  num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=width,
