@@ -4,7 +4,8 @@ linear layer, batch 8), with the base in float32, under bf16 autocast, and in 4-
     python benchmarks/bench_qlora.py --steps 8 --out benchmarks/results/qlora/cpu_step_memory.json
 
 Each configuration runs in its own process pinned to one core (``--core``, one thread), so peak memory is its own.
-Reported per configuration: the median time of the training steps after the first, the base model's weight bytes
+Reported per configuration: the median wall and CPU (user + system) time of the training steps after the first (on
+a shared machine the CPU time is the steadier of the two), the base model's weight bytes
 (parameters and buffers of the model without adapters), the peak resident memory sampled while training (before
 backward, before the optimizer step, after the step), and the process's peak resident memory over everything
 (loading included: the bundled model is a GGUF file, de-quantized to float32 before it is quantized again).
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -46,14 +46,15 @@ class Probe(Callback):
 
     def __init__(self) -> None:
         self.times: list[float] = []
+        self.cpu_times: list[float] = []
         self.peak = 0
-        self._started = 0.0
+        self._started = self._cpu_started = 0.0
 
     def _sample(self) -> None:
         self.peak = max(self.peak, rss_bytes())
 
     def on_train_batch_start(self, *args) -> None:
-        self._started = time.perf_counter()
+        self._started, self._cpu_started = time.perf_counter(), time.process_time()
 
     def on_before_backward(self, *args) -> None:
         self._sample()
@@ -64,6 +65,7 @@ class Probe(Callback):
     def on_train_batch_end(self, *args) -> None:
         self._sample()
         self.times.append(time.perf_counter() - self._started)
+        self.cpu_times.append(time.process_time() - self._cpu_started)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -91,11 +93,18 @@ def run_one(name: str, steps: int, root: str) -> dict:
                                                        "compute_dtype": compute},
         "steps": steps,
         "step_seconds_median": statistics.median(probe.times[1:]),
+        "step_cpu_seconds_median": statistics.median(probe.cpu_times[1:]),
         "step_seconds": [round(t, 3) for t in probe.times],
+        "step_cpu_seconds": [round(t, 3) for t in probe.cpu_times],
         "base_weight_bytes": weight_bytes(cli.model.model),
         "peak_rss_training_bytes": probe.peak,
         "peak_rss_process_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
+
+
+def _cpu_name() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
 
 
 def main() -> None:
@@ -124,8 +133,7 @@ def main() -> None:
 
     report = {
         "command": f"python benchmarks/bench_qlora.py --steps {args.steps} --core {args.core}",
-        "machine": f"{platform.processor() or platform.machine()}, 1 pinned core of a shared 2-core machine, "
-                   "1 thread",
+        "machine": f"{_cpu_name()}, 1 pinned core of a 2-core machine shared with other jobs, 1 thread",
         "torch": torch.__version__, "bitsandbytes": bitsandbytes.__version__,
         "setup": "SmolLM2-135M-Instruct, E2E study base (batch 8, 96+64 tokens), flat 2x, LoRA r=64 on every "
                  "linear layer",
