@@ -75,7 +75,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def run_one(name: str, steps: int, root: str) -> dict:
-    from skiptrain.cli import main
+    from skiptrain.cli.app import main
 
     precision, compute = CONFIGS[name]
     args = [*(a for path in BASE for a in ("--config", path)), "--trainer.precision", precision,

@@ -21,10 +21,10 @@ from tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from skiptrain import Dense, SkipSchedule, generate, load_exported, skip_forward  # noqa: E402
-from skiptrain.cli import main  # noqa: E402
-from skiptrain.export import SCHEDULE_FILE  # noqa: E402
-from skiptrain.module import SkipLM  # noqa: E402
-from skiptrain.warm_start import trained_model  # noqa: E402
+from skiptrain.cli.app import main  # noqa: E402
+from skiptrain.export.write import SCHEDULE_FILE  # noqa: E402
+from skiptrain.training.module import SkipLM  # noqa: E402
+from skiptrain.training.warm_start import trained_model  # noqa: E402
 
 NUM_LAYERS = 4
 # bitsandbytes' CPU kernels need layers at least one 64-wide quantization block wide
@@ -202,10 +202,10 @@ def fit_argv(model: str, tmp: Path, *extra: str) -> list[str]:
 REFUSALS = {
     "full_fine_tuning": (("--model.quantization", QUANTIZATION), "model.quantization needs model.lora"),
     "fsdp": (("--model.lora", LORA, "--model.quantization", QUANTIZATION, "--trainer.strategy",
-              json.dumps({"class_path": "skiptrain.strategies.SkipFSDPStrategy"})),
+              json.dumps({"class_path": "skiptrain.training.strategies.SkipFSDPStrategy"})),
              "not supported with trainer.strategy=SkipFSDPStrategy"),
     "zero3": (("--model.lora", LORA, "--model.quantization", QUANTIZATION, "--trainer.strategy",
-               json.dumps({"class_path": "skiptrain.strategies.SkipDeepSpeedStrategy", "init_args": {"stage": 3}})),
+               json.dumps({"class_path": "skiptrain.training.strategies.SkipDeepSpeedStrategy", "init_args": {"stage": 3}})),
               "not supported with trainer.strategy=SkipDeepSpeedStrategy"),
     "bad_type": (("--model.lora", LORA, "--model.quantization", "{bits: 4, type: int4}"),
                  """Parser key "type": Expected a typing.Literal['nf4', 'fp4']. Got value: int4"""),
