@@ -5,8 +5,7 @@ One typed record is written by :func:`~skiptrain.export.write.write_export`, rea
 spread over the export's files, whose formats are the export contract:
 
 - ``skip_schedule.json``: the schedule (:meth:`~skiptrain.core.schedules.SkipSchedule.to_dict`) plus ``producer``,
-  ``trained_with_schedule`` and ``base_model`` (:meth:`ExportRecord.schedule_json`), and ``base_quantization``
-  for a QLoRA run;
+  ``trained_with_schedule``, ``base_model`` and ``base_quantization`` (:meth:`ExportRecord.schedule_json`);
 - ``training_config.yaml``: :attr:`ExportRecord.training_config`;
 - ``README.md``: all of it, for people (task and validation metrics are written there only).
 """
@@ -65,9 +64,8 @@ class ExportRecord:
         and ``base_model``."""
         if self.schedule is None:
             raise ValueError("schedule=None is invalid for skip_schedule.json: allowed a SkipSchedule")
-        quantized = {} if self.base_quantization is None else {"base_quantization": self.base_quantization}
         return self.schedule.to_json(producer=self.producer, trained_with_schedule=self.trained_with_schedule,
-                                     base_model=self.base_model, **quantized)
+                                     base_model=self.base_model, base_quantization=self.base_quantization)
 
     @classmethod
     def from_schedule_file(
