@@ -32,7 +32,7 @@ CONFIGS = {
     "qlora_nf4_fp32_compute": ("32-true", "float32"),
     "qlora_nf4_bf16_compute": ("bf16-mixed", "bfloat16"),
 }
-BASE = ["benchmarks/e2e/train_base.yaml", "benchmarks/e2e/schedule_flat2x.yaml", "benchmarks/levers/lora_all_r64.yaml"]
+BASE = ["benchmarks/e2e/train_base.yaml", "benchmarks/schedules/flat2x.yaml", "benchmarks/levers/lora_all_r64.yaml"]
 
 
 def rss_bytes() -> int:

@@ -13,18 +13,18 @@ import torch
 
 bnb = pytest.importorskip("bitsandbytes", reason="QLoRA needs the optional extra skiptrain[qlora]")
 
+from helpers.cli_args import read_metrics, tiny_args  # noqa: E402
+from helpers.tiny_models import tiny_model  # noqa: E402
+from helpers.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 from test_export import EXPORT_CALLBACK, PROMPTS, left_padded, minimal_decode  # noqa: E402
-from test_training import read_metrics, tiny_args  # noqa: E402
 from test_user_errors import error_lines, run_cli, snapshot  # noqa: E402
-from tiny_models import tiny_model  # noqa: E402
-from tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from skiptrain import Dense, SkipSchedule, generate, load_exported, skip_forward  # noqa: E402
 from skiptrain.cli.app import main  # noqa: E402
-from skiptrain.export.write import SCHEDULE_FILE  # noqa: E402
+from skiptrain.export.format import SCHEDULE_FILE  # noqa: E402
 from skiptrain.training.module import SkipLM  # noqa: E402
-from skiptrain.training.warm_start import trained_model  # noqa: E402
+from skiptrain.training.sources import load_trained_model, resolve_source  # noqa: E402
 
 NUM_LAYERS = 4
 # bitsandbytes' CPU kernels need layers at least one 64-wide quantization block wide
@@ -177,7 +177,7 @@ def test_an_adapter_export_and_the_checkpoint_give_back_the_trained_model(qlora_
     reference = AutoModelForCausalLM.from_pretrained(run.export_dir).eval()
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask).logits
-        for model in (load_exported(adapter_dir).model, trained_model(ckpt).eval()):
+        for model in (load_exported(adapter_dir).model, load_trained_model(resolve_source(ckpt)).eval()):
             torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, expected, atol=1e-5, rtol=0)
 
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_training import tiny_args
+from helpers.cli_args import tiny_args
 
 from skiptrain.cli.app import DEBUG_VARIABLE, main
 from skiptrain.core.schedules import ScheduleError
-from skiptrain.export.write import SCHEDULE_FILE
+from skiptrain.export.format import SCHEDULE_FILE
 
 USAGE, INPUT = 2, 1  # exit codes: an option or combination of options; an unusable input file
 ERROR_PREFIX = "skiptrain {}: error: "
@@ -343,7 +343,7 @@ def test_debug_shows_the_traceback(inputs, tmp_path, monkeypatch):
 
 
 def test_a_bug_keeps_its_traceback(inputs, tmp_path):
-    crash = '{"class_path": "interrupt.CrashAtEpoch", "init_args": {"epoch": 0}}'
+    crash = '{"class_path": "helpers.interrupt.CrashAtEpoch", "init_args": {"epoch": 0}}'
     with pytest.raises(RuntimeError, match="simulated crash"):
         main([fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in fit(f"--trainer.callbacks+={crash}")])
 

@@ -56,16 +56,16 @@ from skiptrain.training.calibrate import SEARCHED_FAMILIES, Calibration, calibra
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
 from skiptrain.training.evaluation import evaluate_against_dense
 from skiptrain.training.module import SkipLM
-from skiptrain.training.runs import export_checkpoint, load_weights
+from skiptrain.training.runs import export_checkpoint
 
 
 class SkipTrainer(L.Trainer):
     """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`."""
 
     def _place_for_inference(self, model: SkipLM) -> torch.device:
-        """Move the loaded ``model.model`` to this trainer's device and precision, in eval mode; returns the device."""
+        """Move the loaded module to this trainer's device and precision, in eval mode; returns the device."""
         device = self.strategy.root_device
-        model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
+        self.precision_plugin.convert_module(model).to(device).eval()  # in place: the module keeps its own model
         return device
 
     def export(
@@ -141,7 +141,7 @@ class SkipTrainer(L.Trainer):
         if base_config is not None:  # the prompts are checked before the weights load
             prompt_texts = fit_prompts(model.get_tokenizer(), prompt_texts, context_length(base_config),
                                        max_new_tokens, long_prompts)
-        load_weights(model, ckpt_path, weights_only)
+        model.load_weights(ckpt_path, weights_only)
         tokenizer = model.get_tokenizer()
         if base_config is None:
             prompt_texts = fit_prompts(tokenizer, prompt_texts, context_length(model.model.config), max_new_tokens,
@@ -180,7 +180,7 @@ class SkipTrainer(L.Trainer):
                 only, ``false`` any object (trusted checkpoints only).
             output: Also write the table as JSON to this file.
         """
-        load_weights(model, ckpt_path, weights_only)
+        model.load_weights(ckpt_path, weights_only)
         return evaluate_against_dense(self, model, datamodule, output)
 
     def calibrate(
@@ -231,7 +231,7 @@ class SkipTrainer(L.Trainer):
         if unknown:
             raise UsageError(f"families={unknown} is invalid: allowed {list(SEARCHED_FAMILIES)}")
         grid_spec = _read_grid(grid) if grid else None
-        load_weights(model, ckpt_path, weights_only)
+        model.load_weights(ckpt_path, weights_only)
         device = self._place_for_inference(model)
         datamodule.setup("validate")
         loader = itertools.islice(datamodule.val_dataloader(), _limit(num_batches))
@@ -285,13 +285,13 @@ class SkipTrainer(L.Trainer):
                 (default 1e-3); when checking, overrides it.
         """
         if check is not None:
-            report = check_outputs(read_vectors(vectors, model.model_name), read_outputs(check), margin)
+            report = check_outputs(read_vectors(vectors, model.source.schedule()), read_outputs(check), margin)
             if not report.passed:
                 raise SystemExit(report.summary())
             rank_zero_info(report.summary())
             return report
         prompt_texts = read_prompts(prompts)
-        load_weights(model, ckpt_path, weights_only)
+        model.load_weights(ckpt_path, weights_only)
         device = self._place_for_inference(model)
         written = write_vectors(
             model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,

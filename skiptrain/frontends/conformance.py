@@ -25,8 +25,8 @@ from torch import nn
 
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.errors import InputError, UsageError
+from skiptrain.export.format import SCHEDULE_FILE
 from skiptrain.export.record import producer
-from skiptrain.export.write import SCHEDULE_FILE, is_export, read_skip_schedule
 from skiptrain.frontends.inference import prompt_batches
 from skiptrain.modeling.generation import generate
 
@@ -92,12 +92,12 @@ def write_vectors(
     return vectors
 
 
-def read_vectors(path: str | os.PathLike, export: str | os.PathLike | None = None) -> dict[str, Any]:
-    """A vectors file written by :func:`write_vectors`; with ``export``, checked to hold that export's schedule.
+def read_vectors(path: str | os.PathLike, schedule: SkipSchedule | None = None) -> dict[str, Any]:
+    """A vectors file written by :func:`write_vectors`; with ``schedule`` (an export's), checked to hold it.
 
     Raises:
         ConformanceError: naming the file when it is not JSON, not of this format and version, or written for
-            another schedule than ``export``'s.
+            another schedule than ``schedule``.
     """
     try:
         vectors = json.loads(Path(path).read_text())
@@ -106,11 +106,9 @@ def read_vectors(path: str | os.PathLike, export: str | os.PathLike | None = Non
     if not isinstance(vectors, dict) or vectors.get("format") != FORMAT or vectors.get("version") != VERSION:
         raise ConformanceError(f"{path} is not a conformance vectors file: allowed format={FORMAT!r}, "
                                f"version={VERSION} (write one with `skiptrain conformance`)")
-    if export is not None and is_export(export):
-        schedule = read_skip_schedule(export)[0]
-        if SkipSchedule.from_dict(vectors["skip_schedule"]) != schedule:
-            raise ConformanceError(f"{path} was written for another schedule than {export}'s {SCHEDULE_FILE}: "
-                                   "allowed only vectors of the export under test")
+    if schedule is not None and SkipSchedule.from_dict(vectors["skip_schedule"]) != schedule:
+        raise ConformanceError(f"{path} was written for another schedule than the export's {SCHEDULE_FILE}: "
+                               "allowed only vectors of the export under test")
     return vectors
 
 

@@ -12,8 +12,10 @@ bitsandbytes is an optional extra: ``pip install 'skiptrain[qlora]'``.
 from __future__ import annotations
 
 import copy
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from peft import PeftModel, get_peft_model, set_peft_model_state_dict
@@ -51,6 +53,14 @@ class Quantization:
         if self.compute_dtype != "auto" and self.compute_dtype not in COMPUTE_DTYPES:
             raise UsageError(f"quantization.compute_dtype={self.compute_dtype!r} is invalid: allowed 'auto', "
                              + ", ".join(repr(name) for name in COMPUTE_DTYPES))
+
+    @classmethod
+    def from_hparams(cls, stored: Quantization | Mapping[str, Any] | None) -> Quantization | None:
+        """The settings as a checkpoint stores them: the object itself, or its fields (a LightningCLI config)."""
+        if stored is None or isinstance(stored, Quantization):
+            return stored
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in dict(stored).items() if k in names})
 
     def config(self, precision: str | None = None) -> BitsAndBytesConfig:
         """The transformers config that quantizes the base at load time, for a trainer of ``precision``.
