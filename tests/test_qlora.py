@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,7 @@ import torch
 bnb = pytest.importorskip("bitsandbytes", reason="QLoRA needs the optional extra skiptrain[qlora]")
 
 from helpers.cli_args import read_metrics, tiny_args  # noqa: E402
-from helpers.tiny_models import tiny_model  # noqa: E402
-from helpers.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
-from test_export import EXPORT_CALLBACK, PROMPTS, left_padded, minimal_decode  # noqa: E402
+from test_export import EXPORT_CALLBACK, PROMPTS, Run, left_padded, minimal_decode  # noqa: E402
 from test_user_errors import error_lines, run_cli, snapshot  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
@@ -34,30 +31,9 @@ LORA = "{r: 4, alpha: 8, dropout: 0}"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def model_dir(tiny_model_dir):
     """``model_dir(family)``: a saved tiny random model, 64 wide, with the tiny tokenizer."""
-    made = {}
-
-    def make(family: str) -> str:
-        if family not in made:
-            path = tmp_path_factory.mktemp(f"{family}_w{WIDTH}")
-            tokenizer = build_tiny_tokenizer(path)
-            model = tiny_model(family, NUM_LAYERS, vocab_size=len(tokenizer), width=WIDTH)
-            model.config.pad_token_id, model.config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-            model.config.bos_token_id = tokenizer.bos_token_id
-            model.save_pretrained(path)
-            made[family] = str(path)
-        return made[family]
-
-    return make
-
-
-@dataclass
-class Run:
-    cli: object
-    model_dir: str
-    run_dir: Path
-    export_dir: Path
+    return lambda family: tiny_model_dir(family, NUM_LAYERS, width=WIDTH)
 
 
 @pytest.fixture(scope="module")
