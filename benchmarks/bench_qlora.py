@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 import torch
@@ -120,29 +121,25 @@ def main() -> None:
         print("RESULT " + json.dumps(run_one(args.one, args.steps, args.root)))
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    results = {}
+    report = {
+        "command": f"python benchmarks/bench_qlora.py --steps {args.steps} --core {args.core}",
+        "machine": f"{_cpu_name()}, 1 pinned core of a 2-core machine shared with other jobs, 1 thread",
+        "torch": torch.__version__, "bitsandbytes": version("bitsandbytes"),
+        "setup": "SmolLM2-135M-Instruct, E2E study base (batch 8, 96+64 tokens), flat 2x, LoRA r=64 on every "
+                 "linear layer",
+        "results": {},
+    }
     for name in args.configs:
         child = subprocess.run(["taskset", "-c", str(args.core), sys.executable, __file__, "--one", name,
                                 "--steps", str(args.steps), "--root", args.root],
                                env=env, capture_output=True, text=True)
         if child.returncode != 0:
             raise SystemExit(f"{name} failed (exit {child.returncode}): {child.stderr[-2000:]}")
-        results[name] = json.loads(child.stdout.rsplit("RESULT ", 1)[1])
-        print(name, json.dumps({k: v for k, v in results[name].items() if k != "step_seconds"}), flush=True)
-    import bitsandbytes
-
-    report = {
-        "command": f"python benchmarks/bench_qlora.py --steps {args.steps} --core {args.core}",
-        "machine": f"{_cpu_name()}, 1 pinned core of a 2-core machine shared with other jobs, 1 thread",
-        "torch": torch.__version__, "bitsandbytes": bitsandbytes.__version__,
-        "setup": "SmolLM2-135M-Instruct, E2E study base (batch 8, 96+64 tokens), flat 2x, LoRA r=64 on every "
-                 "linear layer",
-        "results": results,
-    }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-
+        result = report["results"][name] = json.loads(child.stdout.rsplit("RESULT ", 1)[1])
+        print(name, json.dumps({k: v for k, v in result.items() if k != "step_seconds"}), flush=True)
+        if args.out:  # after every configuration, so a run stopped early keeps what it measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 if __name__ == "__main__":
     main()
