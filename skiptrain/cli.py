@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import ModelSummary, RichModelSummary, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -36,6 +36,8 @@ from skiptrain.models import context_length
 from skiptrain.module import SkipLM, accept_schedule_families
 from skiptrain.preemption import PreemptionCheckpoint
 from skiptrain.progress import ProgressBar
+from skiptrain.quiet import silence_third_party_noise
+from skiptrain.run_summary import RunSummary
 from skiptrain.runs import RUN_CONFIG_FILE
 from skiptrain.strategies import release_process_group
 from skiptrain.trainer import SkipTrainer
@@ -96,10 +98,12 @@ class SkipCLI(LightningCLI):
         parser.link_arguments("model.model", tokenizer)
 
     def instantiate_trainer(self, **kwargs: Any) -> SkipTrainer:
-        """As LightningCLI's, with Lightning's default rich progress bar replaced by :class:`ProgressBar` and a
+        """As LightningCLI's, with Lightning's default rich progress bar replaced by :class:`ProgressBar`, its model
+        summary table by :class:`~skiptrain.run_summary.RunSummary`, and a
         :class:`~skiptrain.preemption.PreemptionCheckpoint` added."""
         trainer = super().instantiate_trainer(**kwargs)
-        trainer.callbacks = [ProgressBar() if type(c) is RichProgressBar else c for c in trainer.callbacks]
+        replaced = {RichProgressBar: ProgressBar, ModelSummary: RunSummary, RichModelSummary: RunSummary}
+        trainer.callbacks = [replaced[type(c)]() if type(c) in replaced else c for c in trainer.callbacks]
         if not any(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks):
             trainer.callbacks.append(PreemptionCheckpoint())
         return trainer
@@ -195,6 +199,7 @@ def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
     """
     accept_schedule_families()
     release_process_group()
+    silence_third_party_noise()
     try:
         return SkipCLI(
             SkipLM,

@@ -31,6 +31,7 @@ from skiptrain.forward import skip_hidden_states
 from skiptrain.generation import SamplingConfig, generate
 from skiptrain.losses import distillation_kl, target_cross_entropy
 from skiptrain.models import load_causal_lm, load_config, load_tokenizer
+from skiptrain.precision import WeightsDtype, weights_dtype
 from skiptrain.schedules import Dense, ScheduleFamily, SkipSchedule, anneal_from_dense
 from skiptrain.warm_start import load_run_weights, trained_model
 
@@ -162,6 +163,9 @@ class SkipLM(L.LightningModule):
         activation_checkpointing: Recompute decoder layers in the backward pass (``use_reentrant=False``).
         attn_implementation: ``sdpa`` or ``eager``.
         generation: Generation metrics during validation/test.
+        dtype: The dtype weights load in: ``auto`` derives it from the trainer's precision (bf16 under
+            ``bf16-mixed`` with LoRA or ``bf16-true``, fp32 master weights for full fine-tuning under mixed precision
+            and for ``32-true``), or ``float32``, ``bfloat16``, ``float16``.
     """
 
     def __init__(
@@ -181,6 +185,7 @@ class SkipLM(L.LightningModule):
         activation_checkpointing: bool = False,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         generation: GenerationSettings | None = None,
+        dtype: WeightsDtype = "auto",
     ) -> None:
         super().__init__()
         if schedule is not None and not isinstance(schedule, ScheduleFamily):
@@ -264,12 +269,20 @@ class SkipLM(L.LightningModule):
         self._schedule_family().build(self._model_config.num_hidden_layers)
         return self._model_config
 
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype the model's weights load in: ``model.dtype``, or what the trainer's precision implies for what
+        is trained (fp32 when no trainer is attached)."""
+        precision = self._trainer.precision if self._trainer is not None else "32-true"
+        override = self.hparams.get("dtype", "auto")  # absent from checkpoints written before model.dtype
+        return weights_dtype(precision, trains_all_weights=self.lora is None, override=override)
+
     def configure_model(self) -> None:
         """Load the model here (not in ``__init__``) so sharded strategies can build it."""
         if self.model is not None:
             return
         family = self._schedule_family()
-        model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation).train()
+        model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation,
+                               dtype=self.weights_dtype()).train()
         self.schedule = family.build(model.config.num_hidden_layers)
         if self.hparams.init_from is not None:
             load_run_weights(model, self.hparams.init_from)
@@ -290,7 +303,8 @@ class SkipLM(L.LightningModule):
         self.model = model
         decoder_parts(model)  # fail early on an unsupported family or attention implementation
         rank_zero_info(
-            f"skiptrain: {self.model_name} ({self.schedule.num_layers} layers), schedule {self.schedule.family} "
+            f"skiptrain: {self.model_name} ({type(decoder_parts(model).model).__name__}, {self.schedule.num_layers} "
+            f"layers, {str(model.dtype).removeprefix('torch.')} weights), schedule {self.schedule.family} "
             f"{self.schedule.params}: {self.schedule.mean_layers_per_token():.2f} layers per generated token "
             f"over its span of {self.schedule.span} tokens, ideal decode speedup {self.schedule.ideal_speedup():.2f}x"
         )

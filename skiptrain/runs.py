@@ -57,7 +57,8 @@ def load_weights(module: SkipLM, ckpt_path: str | None, weights_only: bool | Non
                 f"model.model={module.model_name!r} is an export (it has its weights); ckpt_path={ckpt_path!r} "
                 "would replace them: give model.model the base model to use a checkpoint"
             )
-        exported = load_exported(module.model_name, attn_implementation=module.hparams.attn_implementation)
+        exported = load_exported(module.model_name, attn_implementation=module.hparams.attn_implementation,
+                                 dtype=module.weights_dtype())
         module.model, module.schedule, module.tokenizer = exported
         rank_zero_info(f"skiptrain: loaded the export {exported.path}; its skip_schedule.json is used "
                        f"(model.schedule and model.lora do not apply to an export)")

@@ -21,11 +21,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 import yaml
+from lightning.fabric.connector import _PRECISION_INPUT
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -56,11 +57,28 @@ from skiptrain.inference import (
 from skiptrain.models import context_length
 from skiptrain.module import SkipLM
 from skiptrain.output_dir import check_output_dir
+from skiptrain.precision import resolve_precision
 from skiptrain.runs import export_checkpoint, load_weights
 
 
 class SkipTrainer(L.Trainer):
-    """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`."""
+    """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`.
+
+    Args:
+        precision: As Lightning's, plus ``auto``: what the device runs natively (``bf16-mixed`` on CUDA with bf16
+            and on CPUs with AVX512-BF16 or AMX, ``16-mixed`` on older CUDA, else ``32-true``); see
+            docs/cli.md, "Precision".
+        kwargs: Lightning's ``Trainer`` arguments.
+    """
+
+    def __init__(self, *, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs: Any) -> None:
+        super().__init__(precision=resolve_precision(precision, kwargs.get("accelerator", "auto")), **kwargs)
+
+    def _load(self, model: SkipLM, ckpt_path: str | None, weights_only: bool | None) -> None:
+        """Give ``model`` its weights (:func:`~skiptrain.runs.load_weights`) in the dtype this trainer's precision
+        implies (``model.dtype``)."""
+        model.trainer = self
+        load_weights(model, ckpt_path, weights_only)
 
     def _place_for_inference(self, model: SkipLM) -> torch.device:
         """Move the loaded ``model.model`` to this trainer's device and precision, in eval mode; returns the device."""
@@ -96,6 +114,7 @@ class SkipTrainer(L.Trainer):
         Returns:
             The export directory. A module whose model was built here has its LoRA adapters merged in place.
         """
+        model.trainer = self  # the weights load in the dtype its precision implies
         return export_checkpoint(model, output_dir, ckpt_path, datamodule, weights_only, adapter_only=adapter_only,
                                  overwrite=overwrite)
 
@@ -141,7 +160,7 @@ class SkipTrainer(L.Trainer):
         if base_config is not None:  # the prompts are checked before the weights load
             prompt_texts = fit_prompts(model.get_tokenizer(), prompt_texts, context_length(base_config),
                                        max_new_tokens, long_prompts)
-        load_weights(model, ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         tokenizer = model.get_tokenizer()
         if base_config is None:
             prompt_texts = fit_prompts(tokenizer, prompt_texts, context_length(model.model.config), max_new_tokens,
@@ -180,7 +199,7 @@ class SkipTrainer(L.Trainer):
                 only, ``false`` any object (trusted checkpoints only).
             output: Also write the table as JSON to this file.
         """
-        load_weights(model, ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         return evaluate_against_dense(self, model, datamodule, output)
 
     def calibrate(
@@ -231,7 +250,7 @@ class SkipTrainer(L.Trainer):
         if unknown:
             raise UsageError(f"families={unknown} is invalid: allowed {list(SEARCHED_FAMILIES)}")
         grid_spec = _read_grid(grid) if grid else None
-        load_weights(model, ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         device = self._place_for_inference(model)
         datamodule.setup("validate")
         loader = itertools.islice(datamodule.val_dataloader(), _limit(num_batches))
@@ -291,7 +310,7 @@ class SkipTrainer(L.Trainer):
             rank_zero_info(report.summary())
             return report
         prompt_texts = read_prompts(prompts)
-        load_weights(model, ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         device = self._place_for_inference(model)
         written = write_vectors(
             model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,
