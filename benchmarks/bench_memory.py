@@ -2,10 +2,11 @@
 
 Cases: the quickstart's model (SmolLM2-135M-Instruct from its GGUF file, LoRA r=16 on the attention projections) and
 a random model of Llama-3.2-1B's shape (16 layers, hidden 2048, vocab 128256, tied embeddings), the same LoRA. Each
-case loads the model through skiptrain (:meth:`~skiptrain.module.SkipLM.configure_model` for the quickstart, which
-goes through ``model.dtype``), then runs training steps (skip-aware forward, cross entropy, backward, AdamW) under
-bf16 autocast, as ``bf16-mixed`` does. Reported: the bytes of the weights, the process's resident memory after
-loading, and its peak resident memory (``VmHWM``) over loading and training.
+case loads the model through skiptrain (the quickstart through
+:meth:`~skiptrain.training.module.SkipLM.configure_model`, which reads ``model.dtype``), then runs training steps
+(skip-aware forward, cross entropy, backward, AdamW) under bf16 autocast, as ``bf16-mixed`` does. Reported: the bytes
+of the weights, the process's resident memory after loading, and its peak resident memory (``VmHWM``) over loading
+and training.
 
     python benchmarks/bench_memory.py --out benchmarks/results/memory_cpu.json
 """
@@ -35,10 +36,10 @@ def run_case(model: str, dtype: str, steps: int, batch_size: int, length: int) -
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from skiptrain.families import LORA_TARGETS
-    from skiptrain.losses import target_cross_entropy
-    from skiptrain.module import LoraSettings, SkipLM
-    from skiptrain.schedules import SkipDecode
+    from skiptrain.core.schedules import SkipDecode
+    from skiptrain.modeling.architectures import architecture
+    from skiptrain.training.losses import target_cross_entropy
+    from skiptrain.training.module import LoraSettings, SkipLM
 
     max_layers, min_layers, decay = SCHEDULE[model]
     schedule = SkipDecode(max_layers=max_layers, min_layers=min_layers, decay_tokens=decay)
@@ -53,8 +54,8 @@ def run_case(model: str, dtype: str, steps: int, batch_size: int, length: int) -
         torch.manual_seed(0)
         base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=getattr(torch, dtype))
         module = SkipLM("random-llama-1b", schedule, lora=LoraSettings(r=16, alpha=32, dropout=0.0), dtype=dtype)
-        lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=list(LORA_TARGETS["llama"]),
-                          task_type="CAUSAL_LM")  # what configure_model gives the quickstart
+        targets = list(architecture("llama").lora_targets)  # what configure_model gives the quickstart
+        lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM")
         module.model = get_peft_model(base.train(), lora)
         module.schedule = schedule.build(config.num_hidden_layers)
     load_s = time.perf_counter() - started

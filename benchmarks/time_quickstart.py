@@ -32,7 +32,7 @@ from pathlib import Path
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 README_COMMAND = [sys.executable, "-m", "skiptrain", "fit", "--config", "recipes/quickstart.yaml"]
 PROBE = """import json, torch
-from skiptrain.precision import cpu_bf16_feature
+from skiptrain.modeling.precision import cpu_bf16_feature
 print(json.dumps({"cpu_capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": cpu_bf16_feature(),
                   "torch_threads": torch.get_num_threads(), "torch": torch.__version__}))"""
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from test_training import tiny_args
 
-import skiptrain.precision as precision
-from skiptrain.cli import main
-from skiptrain.precision import PrecisionWarning, cpu_bf16_feature, resolve_precision, weights_dtype
-from skiptrain.trainer import SkipTrainer
+import skiptrain.modeling.precision as precision
+from skiptrain.cli.app import main
+from skiptrain.cli.trainer import SkipTrainer
+from skiptrain.modeling.precision import PrecisionWarning, cpu_bf16_feature, resolve_precision, weights_dtype
 
 
 @pytest.fixture
