@@ -74,6 +74,8 @@ def main() -> None:
     parser.add_argument("--emulate_avx2", action="store_true", help="dispatch AVX2 kernels only (no native bf16)")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS (default: torch's own choice)")
     parser.add_argument("--cpus", help="pin to these CPUs with taskset, e.g. 0,1")
+    parser.add_argument("--phases", action="store_true",
+                        help="also clock setup, steps and validations in CPU time (benchmarks/phase_clock.py)")
     parser.add_argument("fit_args", nargs="*", help="extra arguments for the fit command (after --)")
     args = parser.parse_args()
 
@@ -87,6 +89,11 @@ def main() -> None:
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     command = [*README_COMMAND, "--trainer.default_root_dir", str(run_dir),
                "--trainer.logger.init_args.save_dir", str(run_dir), *args.fit_args]
+    phases = Path(args.out).with_suffix(".phases.json")
+    if args.phases:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
+        clock = {"class_path": "phase_clock.PhaseClock", "init_args": {"out": str(phases)}}
+        command.append(f"--trainer.callbacks+={json.dumps(clock)}")
     load_before, busy_before = os.getloadavg(), other_load()
     started = time.perf_counter()
     result = subprocess.run([*pin, *command], env=env, capture_output=True, text=True)
@@ -111,6 +118,8 @@ def main() -> None:
         "other_processes_at_start": busy_before,
         "checkpoint_written": bool(list(run_dir.rglob("*.ckpt"))),
     }
+    if args.phases and phases.exists():
+        record["phases"] = json.loads(phases.read_text())
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     sys.exit(result.returncode)
