@@ -24,8 +24,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 AUTO = "auto"
 BF16_SLOWDOWN = "bf16 matrix products run tens of times slower than fp32 there"
-"""What an emulated bf16 costs: a 1024x1024 product on one thread of an AVX2 CPU runs at 0.7 GFLOP/s in bf16 against
-33.8 in fp32 (benchmarks/RESULTS.md, "Precision on CPUs")."""
+"""What an emulated bf16 costs: a 1024x1024 product on one thread runs 48x (an AVX2 EPYC) to 112x (AVX2 kernels only
+on a Xeon) slower in bf16 than in fp32 (benchmarks/RESULTS.md, "Precision on CPUs")."""
 ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 """Lightning's short precision names and what they stand for."""
 
