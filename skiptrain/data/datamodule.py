@@ -28,6 +28,7 @@ from skiptrain.data.tokenized import tokenize_blocks, tokenize_pairs
 from skiptrain.errors import DataError, UsageError
 from skiptrain.modeling.loading import load_tokenizer, prepare_tokenizer
 from skiptrain.text.batch import Collator
+from skiptrain.text.encoding import encode_prompts
 from skiptrain.text.tasks import MetricKind, TaskSpec, get_task_spec, validate_template
 
 # --------------------------------------------------------------------------------------------------------------
@@ -201,11 +202,15 @@ class SkipDataModule(L.LightningDataModule):
         self._missing = set()
 
     def check_context(self, context_length: int | None) -> None:
-        """Refuse length limits that let an example exceed the model's context length (``None``: no limit).
+        """Refuse length limits that let an example exceed the model's context length (``None``: no limit), and a
+        prompt template that alone fills ``max_source_tokens`` (the tokenizer is loaded; no data is read).
 
         Raises:
-            UsageError: naming the limits and the context length.
+            UsageError: naming the limits and the context length, or the template.
+            ModelError: for a tokenizer that cannot be used.
         """
+        if self.prompt_template is not None and (self._tokenizer is not None or self.tokenizer_name is not None):
+            encode_prompts(self.tokenizer, self.prompt_template, [""], self.max_source_tokens)  # the template fits
         if context_length is None:
             return
         if self.task_spec.is_language_modeling:

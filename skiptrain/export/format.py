@@ -36,6 +36,9 @@ TRAINING_CONFIG_FILE = "training_config.yaml"
 MODEL_CARD_FILE = "README.md"
 CUSTOM_GENERATE_FILE = "custom_generate/generate.py"
 UNRECORDED_TRAINING_CONFIG = f"# training config: {NOT_RECORDED}\n"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+"""Vocabulary files, one of which every tokenizer's ``save_pretrained`` writes."""
+ADAPTER_ONLY_NEEDS_LORA = "adapter_only=True needs a LoRA model (model.lora is null): export merged weights"
 
 
 class ExportError(InputError):

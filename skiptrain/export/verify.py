@@ -24,6 +24,7 @@ from skiptrain.export.format import (
     CONFIG_FILE,
     CONFIG_KEY,
     SCHEDULE_FILE,
+    TOKENIZER_FILES,
     ExportError,
     check_schedule_fits,
     is_adapter_export,
@@ -129,12 +130,29 @@ def verify_export(directory: str | os.PathLike) -> ExportRecord:
     or the base model's for an adapter); and, for merged weights, a missing or unreadable ``config.json``, a
     ``config.json`` whose ``skip_schedule`` key is not an exact copy of ``skip_schedule.json``, and safetensors
     with missing, unexpected, empty or mis-shaped tensors. (An adapter's tensors are checked against the peft
-    model they are saved from or loaded into: :func:`check_exported_adapter`.)
+    model they are saved from or loaded into: :func:`check_exported_adapter`.) Last, an export without tokenizer
+    files is refused.
 
     Returns:
         The export's record.
     """
-    directory = Path(directory)
+    return _verified(Path(directory))[0]
+
+
+def export_config(directory: str | os.PathLike) -> PretrainedConfig:
+    """The architecture an export decodes with (``config.json``, or the base model's for an adapter), once the
+    export passes :func:`verify_export`; no weights are read."""
+    return _verified(Path(directory))[1]
+
+
+def check_tokenizer_files(directory: Path) -> None:
+    """Refuse an export without a tokenizer's vocabulary file (transformers would blame a missing package)."""
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ExportError(f"{directory} has no tokenizer files (none of {list(TOKENIZER_FILES)}): copy them back "
+                          "from the base model (its tokenizer's save_pretrained) or export again")
+
+
+def _verified(directory: Path) -> tuple[ExportRecord, PretrainedConfig]:
     schedule, raw = read_skip_schedule(directory)
     record = ExportRecord.from_schedule_file(schedule, raw, training_config(directory))
     adapter = is_adapter_export(directory)
@@ -146,4 +164,5 @@ def verify_export(directory: str | os.PathLike) -> ExportRecord:
     if not adapter:
         _check_mirror(directory, raw)
         check_exported_weights(directory, config)
-    return record
+    check_tokenizer_files(directory)
+    return record, config

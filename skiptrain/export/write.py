@@ -25,6 +25,7 @@ from skiptrain.core.speedup import cost_summary
 from skiptrain.export import custom_generate
 from skiptrain.export.card import model_card
 from skiptrain.export.format import (
+    ADAPTER_ONLY_NEEDS_LORA,
     CONFIG_FILE,
     CONFIG_KEY,
     CUSTOM_GENERATE_FILE,
@@ -57,7 +58,7 @@ def merged_model(model: nn.Module, in_place: bool = False) -> nn.Module:
 def _write_weights(model: nn.Module, directory: Path, adapter_only: bool, in_place: bool) -> None:
     if adapter_only:
         if not isinstance(model, PeftModel):
-            raise ExportUsageError("adapter_only=True needs a LoRA model (model.lora is null): export merged weights")
+            raise ExportUsageError(ADAPTER_ONLY_NEEDS_LORA)
         model.save_pretrained(str(directory))
         check_exported_adapter(directory, model)
         return

@@ -23,6 +23,7 @@ from peft.utils import get_peft_model_state_dict
 from transformers import BitsAndBytesConfig, PreTrainedModel
 
 from skiptrain.errors import UsageError
+from skiptrain.modeling.precision import compute_dtype as precision_compute_dtype
 
 COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 INSTALL_HINT = "pip install 'skiptrain[qlora]'"
@@ -77,13 +78,11 @@ class Quantization:
         )
 
     def resolved_compute_dtype(self, precision: str | None) -> torch.dtype:
-        """``compute_dtype``, with ``auto`` resolved from a Lightning precision (``None``: float32)."""
+        """``compute_dtype``, with ``auto`` resolved from a Lightning precision as matrix products run in it
+        (:func:`~skiptrain.modeling.precision.compute_dtype`; ``None``: float32)."""
         if self.compute_dtype != "auto":
             return COMPUTE_DTYPES[self.compute_dtype]
-        precision = str(precision or "32-true")
-        if precision.startswith("bf16"):
-            return torch.bfloat16
-        return torch.float16 if precision.startswith("16") else torch.float32
+        return precision_compute_dtype(precision or "32-true")
 
     def describe(self) -> str:
         """A short name, e.g. ``4-bit nf4 (double quantization)``."""

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
+from skiptrain.errors import UsageError
 from skiptrain.modeling.architectures import architecture
 
 
@@ -30,6 +31,18 @@ class LoraSettings:
     dropout: float = 0.05
     target_modules: list[str] | None = None
     bias: Literal["none", "all", "lora_only"] = "none"
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise UsageError(f"lora.r={self.r} is invalid: allowed an adapter rank >= 1 (or lora: null to fine-tune "
+                             "every weight)")
+        if self.alpha <= 0:
+            raise UsageError(f"lora.alpha={self.alpha} is invalid: allowed > 0")
+        if not 0 <= self.dropout < 1:
+            raise UsageError(f"lora.dropout={self.dropout} is invalid: allowed 0 <= dropout < 1")
+        if self.target_modules is not None and not self.target_modules:
+            raise UsageError("lora.target_modules=[] is invalid: allowed a list of module names, or null for the "
+                             "architecture's attention projections")
 
     @classmethod
     def from_hparams(cls, stored: LoraSettings | Mapping[str, Any] | None) -> LoraSettings | None:

@@ -31,10 +31,12 @@ from skiptrain.core.schedules import Dense, ScheduleFamily, SkipSchedule, anneal
 from skiptrain.errors import UsageError
 from skiptrain.export.format import ExportUsageError
 from skiptrain.export.record import ExportRecord
-from skiptrain.modeling.architectures import decoder_parts
+from skiptrain.export.verify import export_config
+from skiptrain.modeling.architectures import check_lora_targets, decoder_parts
 from skiptrain.modeling.forward import skip_hidden_states
 from skiptrain.modeling.generation import SamplingConfig, generate
 from skiptrain.modeling.loading import load_causal_lm, load_config, load_tokenizer
+from skiptrain.modeling.precision import WeightsDtype, weights_dtype
 from skiptrain.modeling.quantization import (
     Quantization,
     is_under,
@@ -160,6 +162,9 @@ class SkipLM(L.LightningModule):
         activation_checkpointing: Recompute decoder layers in the backward pass (``use_reentrant=False``).
         attn_implementation: ``sdpa`` or ``eager``.
         generation: Generation metrics during validation/test.
+        dtype: The dtype weights load in: ``auto`` derives it from the trainer's precision (bf16 under
+            ``bf16-mixed`` with LoRA or ``bf16-true``, fp32 master weights for full fine-tuning under mixed precision
+            and for ``32-true``), or ``float32``, ``bfloat16``, ``float16``.
     """
 
     def __init__(
@@ -180,6 +185,7 @@ class SkipLM(L.LightningModule):
         activation_checkpointing: bool = False,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         generation: GenerationSettings | None = None,
+        dtype: WeightsDtype = "auto",
     ) -> None:
         super().__init__()
         if schedule is not None and not isinstance(schedule, ScheduleFamily):
@@ -261,24 +267,39 @@ class SkipLM(L.LightningModule):
         and a quantized base under a ``strategy`` that shards parameters.
 
         No weights are read (a GGUF file's header is, once: the config is kept for later calls). The CLI calls it
-        before a run directory or an output is written. An export directory is checked when it is loaded.
+        before a run directory or an output is written. An export directory is verified as when it is loaded
+        (:func:`~skiptrain.export.verify.verify_export`); LoRA ``target_modules`` are matched against the
+        architecture.
 
         Returns:
-            The model's transformers config, or ``None`` for an export or a model already built.
+            The model's (or the export's) transformers config, or ``None`` for a model already built.
 
         Raises:
             ModelError: for a model that cannot be found or is not a causal LM.
+            ExportError: for an export that cannot be used.
             ScheduleError: for schedule parameters the model's layer count does not allow.
-            UsageError: for a missing schedule, or quantization under FSDP or DeepSpeed.
+            UsageError: for a missing schedule, LoRA targets that match no layer, or quantization under FSDP or
+                DeepSpeed.
         """
         if self.quantization is not None and strategy is not None:
             check_quantization_strategy(strategy)
-        if self.model is not None or self.source.kind == "export":
+        if self.model is not None:
             return None
+        if self.source.kind == "export":
+            return export_config(self.source.name)  # its own schedule, verified with it
         if self._model_config is None:
             self._model_config = load_config(self.model_name)
         self._schedule_family().build(self._model_config.num_hidden_layers)
+        if self.lora is not None and self.lora.target_modules:
+            check_lora_targets(self._model_config, self.lora.target_modules)
         return self._model_config
+
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype the model's weights load in: ``model.dtype``, or what the trainer's precision implies for what
+        is trained (fp32 when no trainer is attached)."""
+        precision = self._trainer.precision if self._trainer is not None else "32-true"
+        override = self.hparams.get("dtype", "auto")  # absent from checkpoints written before model.dtype
+        return weights_dtype(precision, trains_all_weights=self.lora is None, override=override)
 
     def configure_model(self) -> None:
         """Load the model here (not in ``__init__``) so sharded strategies can build it."""
@@ -286,7 +307,7 @@ class SkipLM(L.LightningModule):
             return
         family = self._schedule_family()
         model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation,
-                               quantization_config=self._quantization_config()).train()
+                               dtype=self.weights_dtype(), quantization_config=self._quantization_config()).train()
         self.schedule = family.build(model.config.num_hidden_layers)
         if self._init_source is not None:
             load_run_weights(model, self._init_source)
@@ -307,7 +328,8 @@ class SkipLM(L.LightningModule):
         self.model = model
         decoder_parts(model)  # fail early on an unsupported architecture or attention implementation
         rank_zero_info(
-            f"skiptrain: {self.model_name} ({self.schedule.num_layers} layers), schedule {self.schedule.family} "
+            f"skiptrain: {self.model_name} ({type(decoder_parts(model).model).__name__}, {self.schedule.num_layers} "
+            f"layers, {str(model.dtype).removeprefix('torch.')} weights), schedule {self.schedule.family} "
             f"{self.schedule.params}: {self.schedule.mean_layers_per_token():.2f} layers per generated token "
             f"over its span of {self.schedule.span} tokens, ideal decode speedup {self.schedule.ideal_speedup():.2f}x"
         )
@@ -335,7 +357,7 @@ class SkipLM(L.LightningModule):
                     f"model.model={self.model_name!r} is an export (it has its weights); ckpt_path={ckpt_path!r} "
                     "would replace them: give model.model the base model to use a checkpoint"
                 )
-            exported = self.source.load_export(self.hparams.attn_implementation)
+            exported = self.source.load_export(self.hparams.attn_implementation, self.weights_dtype())
             self.model, self.schedule, self.tokenizer = exported
             rank_zero_info(f"skiptrain: loaded the export {exported.path}; its skip_schedule.json is used "
                            f"(model.schedule and model.lora do not apply to an export)")

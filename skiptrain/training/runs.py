@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from skiptrain.core.output_dir import check_output_dir
-from skiptrain.export.format import ExportError
+from skiptrain.export.format import ADAPTER_ONLY_NEEDS_LORA, ExportError, ExportUsageError
 from skiptrain.export.record import NOT_RECORDED, ExportRecord
 from skiptrain.export.write import write_export
 from skiptrain.training.checkpoints import checkpoint_metadata
@@ -131,6 +131,8 @@ def export_checkpoint(
     """
     check_output_dir(output_dir, overwrite)
     fresh = module.model is None
+    if adapter_only and fresh and (module.lora is None or module.source.kind == "export"):
+        raise ExportUsageError(ADAPTER_ONLY_NEEDS_LORA)  # known before any weights are loaded
     weights = module.load_weights(ckpt_path, weights_only)
     record = checkpoint_record(weights, ckpt_path, module, datamodule, weights_only)
     return export_module(module, output_dir, record, adapter_only=adapter_only, overwrite=overwrite, in_place=fresh)

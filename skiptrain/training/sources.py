@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import torch
 from torch import nn
 
 from skiptrain.core.schedules import SkipSchedule
@@ -48,9 +49,9 @@ class Source:
         """The schedule an export brings (read from its ``skip_schedule.json``), or ``None`` for other kinds."""
         return read_skip_schedule(self.name)[0] if self.kind == "export" else None
 
-    def load_export(self, attn_implementation: str = "sdpa") -> ExportedModel:
-        """The export, verified and loaded (:func:`~skiptrain.export.load.load_exported`)."""
-        return load_exported(self.name, attn_implementation=attn_implementation)
+    def load_export(self, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None) -> ExportedModel:
+        """The export, verified and loaded (:func:`~skiptrain.export.load.load_exported`) in ``dtype``."""
+        return load_exported(self.name, attn_implementation=attn_implementation, dtype=dtype)
 
 
 def resolve_source(name: str | os.PathLike) -> Source:
