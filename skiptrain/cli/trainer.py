@@ -19,9 +19,11 @@ The model is given as usual by ``--model.model`` (or a recipe / a run's ``config
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.fabric.connector import _PRECISION_INPUT
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import PretrainedConfig
@@ -51,6 +53,7 @@ from skiptrain.frontends.inference import (
 )
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
+from skiptrain.modeling.precision import resolve_precision
 from skiptrain.training.calibrate import Calibration, CalibrationRequest, calibrate, validation_batches
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
 from skiptrain.training.evaluation import evaluate_against_dense
@@ -59,7 +62,23 @@ from skiptrain.training.runs import export_checkpoint
 
 
 class SkipTrainer(L.Trainer):
-    """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`."""
+    """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`.
+
+    Args:
+        precision: As Lightning's, plus ``auto``: what the device runs natively (``bf16-mixed`` on CUDA with bf16
+            and on CPUs with AVX512-BF16 or AMX, ``16-mixed`` on older CUDA, else ``32-true``); see
+            docs/cli.md, "Precision".
+        kwargs: Lightning's ``Trainer`` arguments.
+    """
+
+    def __init__(self, *, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs: Any) -> None:
+        super().__init__(precision=resolve_precision(precision, kwargs.get("accelerator", "auto")), **kwargs)
+
+    def _load(self, model: SkipLM, ckpt_path: str | None, weights_only: bool | None) -> None:
+        """Give ``model`` its weights (:meth:`~skiptrain.training.module.SkipLM.load_weights`) in the dtype this
+        trainer's precision implies (``model.dtype``)."""
+        model.trainer = self
+        model.load_weights(ckpt_path, weights_only)
 
     def _place_for_inference(self, model: SkipLM) -> torch.device:
         """Move the loaded module to this trainer's device and precision, in eval mode; returns the device."""
@@ -95,6 +114,7 @@ class SkipTrainer(L.Trainer):
         Returns:
             The export directory. A module whose model was built here has its LoRA adapters merged in place.
         """
+        model.trainer = self  # the weights load in the dtype its precision implies
         return export_checkpoint(model, output_dir, ckpt_path, datamodule, weights_only, adapter_only=adapter_only,
                                  overwrite=overwrite)
 
@@ -137,7 +157,7 @@ class SkipTrainer(L.Trainer):
         config = _model_config(model)
         prompt_texts = fit_prompts(model.get_tokenizer(), read_prompts(prompts), context_length(config),
                                    max_new_tokens, long_prompts)
-        model.load_weights(ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         tokenizer = model.get_tokenizer()
         device = self._place_for_inference(model)
         report = generate_report(
@@ -173,7 +193,7 @@ class SkipTrainer(L.Trainer):
                 only, ``false`` any object (trusted checkpoints only).
             output: Also write the table as JSON to this file.
         """
-        model.load_weights(ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         return evaluate_against_dense(self, model, datamodule, output)
 
     def calibrate(
@@ -222,7 +242,7 @@ class SkipTrainer(L.Trainer):
         request = CalibrationRequest.checked(_model_config(model).num_hidden_layers, targets, families, grid,
                                              per_target, tolerance, num_batches, generation_batches)
         batches = validation_batches(datamodule, request.num_batches)
-        model.load_weights(ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         batches = move_data_to_device(batches, self._place_for_inference(model))
         with self.precision_plugin.forward_context():
             result = calibrate(model, batches, targets=request.targets, families=request.families, grid=request.grid,
@@ -278,7 +298,7 @@ class SkipTrainer(L.Trainer):
         check_vector_options(top, margin)
         prompt_texts = read_prompts(prompts)
         _model_config(model)
-        model.load_weights(ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         device = self._place_for_inference(model)
         written = write_vectors(
             model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,
