@@ -421,9 +421,12 @@ def speculate(
         else:
             tokens, accepted = greedy_acceptance(verified, draft)
         exact = torch.arange(k + 1, device=tokens.device) <= accepted[:, None]  # [B, k + 1]
-        ending = (torch.isin(tokens, eos) & exact).any(1)
-        limited = ~finished & ~ending  # rows whose kept tokens stop at their first inexact one
-        keep = int((accepted[limited] + 1).min()) if bool(limited.any()) else k + 1
+        ends = torch.isin(tokens, eos) & exact
+        limited = ~finished & ~ends.any(1)  # rows whose kept tokens stop at their first inexact one
+        if bool(limited.any()):
+            keep = int((accepted[limited] + 1).min())
+        else:  # every row ends: up to the last end-of-sequence token
+            keep = int((ends.int().argmax(1)[~finished] + 1).max())
         stats.verifications += 1
         stats.draft_steps += k
         stats.judged += int(torch.minimum(accepted + 1, torch.full_like(accepted, k))[~finished].sum())
@@ -466,7 +469,7 @@ class GatedSteps:
         past = self.cache.get_seq_length()
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # as transformers' generate
         logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                            past_key_values=self.cache, use_cache=True, logits_to_keep=int(last_only)).logits
+                            cache=self.cache, use_cache=True, logits_to_keep=int(last_only)).logits
         return (logits[:, -1] if last_only else logits).float()
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
