@@ -33,6 +33,8 @@ _LAZY: dict[str, str] = {
     "GenerationOutput": "skiptrain.generation",
     "SamplingConfig": "skiptrain.generation",
     "generate": "skiptrain.generation",
+    "SpeculativeOutput": "skiptrain.speculative",
+    "speculative_generate": "skiptrain.speculative",
     "ExportError": "skiptrain.export",
     "ExportedModel": "skiptrain.export",
     "load_exported": "skiptrain.export",
@@ -50,6 +52,7 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
     "ScheduleFamily",
     "SkipDecode",
     "SkipSchedule",
+    "SpeculativeOutput",
     "Static",
     "generate",
     "load_exported",
@@ -57,6 +60,7 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
     "skip_forward",
     "skip_hidden_states",
     "skipdecode_for_speedup",
+    "speculative_generate",
 ]
 
 if TYPE_CHECKING:
@@ -74,6 +78,7 @@ if TYPE_CHECKING:
         Static,
         skipdecode_for_speedup,
     )
+    from skiptrain.speculative import SpeculativeOutput, speculative_generate
 
 
 def __getattr__(name: str) -> Any:

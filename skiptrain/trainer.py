@@ -57,6 +57,8 @@ from skiptrain.models import context_length
 from skiptrain.module import SkipLM
 from skiptrain.output_dir import check_output_dir
 from skiptrain.runs import export_checkpoint, load_weights
+from skiptrain.schedules import read_schedule_file
+from skiptrain.speculative import check_draft_tokens
 
 
 class SkipTrainer(L.Trainer):
@@ -114,6 +116,8 @@ class SkipTrainer(L.Trainer):
         dense: bool = False,
         compare_dense: bool = False,
         long_prompts: LongPrompts = "refuse",
+        speculative: int = 0,
+        draft_schedule: str | None = None,
     ) -> GenerationReport:
         """Generate completions of prompts with batched, KV-cached skip-aware decoding (JSON lines out).
 
@@ -134,10 +138,17 @@ class SkipTrainer(L.Trainer):
             compare_dense: Also decode the same prompts densely and report the measured speedup.
             long_prompts: A prompt that leaves no room for ``max_new_tokens`` in the model's context length is
                 refused (``refuse``) or cut to its last tokens that fit, with a warning (``truncate``).
+            speculative: K >= 1 decodes losslessly: the output is exactly full-depth decoding's, K tokens drafted
+                under the schedule per full-depth verification (0, the default, decodes under the schedule).
+            draft_schedule: With ``speculative``, draft under this schedule instead of the model's own: a
+                ``skip_schedule.json`` or a schedule YAML (``class_path``/``init_args``, or a recipe fragment).
         """
         max_new_tokens = _max_new_tokens(model, max_new_tokens)
+        _check_speculation(speculative, max_new_tokens, draft_schedule, dense)
         prompt_texts = read_prompts(prompts)
         base_config = model.check_model()  # None for an export: its config is known once it is loaded
+        if base_config is not None and draft_schedule is not None:  # checked before the weights load, as the prompts
+            read_schedule_file(draft_schedule, base_config.num_hidden_layers, "draft_schedule")
         if base_config is not None:  # the prompts are checked before the weights load
             prompt_texts = fit_prompts(model.get_tokenizer(), prompt_texts, context_length(base_config),
                                        max_new_tokens, long_prompts)
@@ -146,11 +157,14 @@ class SkipTrainer(L.Trainer):
         if base_config is None:
             prompt_texts = fit_prompts(tokenizer, prompt_texts, context_length(model.model.config), max_new_tokens,
                                        long_prompts)
+        draft = model.schedule if draft_schedule is None else \
+            read_schedule_file(draft_schedule, model.schedule.num_layers, "draft_schedule")
         device = self._place_for_inference(model)
         report = generate_report(
-            model.model, tokenizer, model.schedule, prompt_texts, dense=dense, compare_dense=compare_dense,
-            max_new_tokens=max_new_tokens, batch_size=batch_size, sampling=sampling or model.generation.sampling,
-            device=device, context=self.precision_plugin.forward_context,
+            model.model, tokenizer, draft, prompt_texts, dense=dense, compare_dense=compare_dense,
+            speculative=speculative, max_new_tokens=max_new_tokens, batch_size=batch_size,
+            sampling=sampling or model.generation.sampling, device=device,
+            context=self.precision_plugin.forward_context,
         )
         write_completions(report.completions, output)
         rank_zero_info(report.summary())  # stderr: stdout may carry the JSON lines
@@ -302,6 +316,20 @@ class SkipTrainer(L.Trainer):
         rank_zero_info(f"skiptrain conformance: wrote {len(written['cases'])} cases of {written['max_new_tokens']} "
                        f"greedy tokens to {vectors}")
         return None
+
+
+def _check_speculation(speculative: int, max_new_tokens: int, draft_schedule: str | None, dense: bool) -> None:
+    """Refuse ``generate`` options that lossless speculative decoding cannot take, before any work."""
+    check_draft_tokens(speculative, max_new_tokens)
+    if speculative and dense:
+        raise UsageError(f"dense=true is invalid with speculative={speculative}: speculative output is already the "
+                         "full-depth output; allowed one of them")
+    if draft_schedule is not None and not speculative:
+        raise UsageError(f"draft_schedule={draft_schedule!r} is invalid without speculative: allowed with "
+                         "--speculative K >= 1")
+    if draft_schedule is not None and not Path(draft_schedule).is_file():
+        raise InputError(f"draft_schedule={draft_schedule!r}: no such file; give a skip_schedule.json or a schedule "
+                         "YAML (class_path/init_args)")
 
 
 def _max_new_tokens(model: SkipLM, given: int | None) -> int:

@@ -210,3 +210,47 @@ def test_the_speedup_bound():
     assert speedup_bound(1.0, 4, 0.0) == 5.0  # every draft accepted and free: K + 1 tokens per full-depth step
     assert speedup_bound(0.0, 4, 0.5) == pytest.approx(1 / 3)  # nothing accepted: one token per 3 steps' cost
     assert speedup_bound(0.8, 2, 0.5) == pytest.approx((1 + 0.8 + 0.64) / 2)
+
+
+# -- the command line -------------------------------------------------------------------------------------------------
+def test_generate_speculative_writes_the_full_depth_completions_and_reports_acceptance_and_cost(skip_export, tmp_path,
+                                                                                                  caplog):
+    from skiptrain.cli import main
+
+    export = skip_export("llama")
+    prompts, output = tmp_path / "prompts.txt", tmp_path / "out.jsonl"
+    prompts.write_text("The council met\nDescribe the weather in one sentence. Forecast: city[Oslo]\nHello\n")
+    common = ["generate", "--model.model", str(export), "--prompts", str(prompts), "--max_new_tokens", "10",
+              "--batch_size", "3", "--trainer.accelerator", "cpu", "--trainer.logger", "false"]
+    main([*common, "--output", str(output), "--dense", "true"])
+    dense = output.read_text()
+    draft = tmp_path / "draft.yaml"
+    draft.write_text("class_path: skiptrain.Static\ninit_args:\n  layers: [0, 4, 5]\n")
+    for extra in (["--speculative", "3", "--compare_dense", "true"], ["--speculative", "2", "--draft_schedule",
+                                                                       str(draft)]):
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            main([*common, "--output", str(output), *extra])
+        assert output.read_text() == dense, extra
+        summary = caplog.text
+        for part in ("lossless speculative decoding", "acceptance", "tokens per verification", "of a full-depth step",
+                     "bound (1 - a^(K+1)) / ((1 - a)(K c + 1))", "tokens/s"):
+            assert part in summary, (part, summary)
+    assert "measured speedup" not in summary, "without --compare_dense nothing is compared"
+
+
+def test_read_schedule_file_takes_an_export_json_a_family_or_a_recipe_fragment(skip_export, tmp_path):
+    from skiptrain.schedules import ScheduleError, read_schedule_file
+
+    export = skip_export("llama")
+    own = read_schedule_file(str(export / "skip_schedule.json"), LAYERS)
+    assert own == SkipDecode(max_layers=5, min_layers=2, decay_tokens=4).build(LAYERS)
+    fragment = tmp_path / "fragment.yaml"
+    fragment.write_text("model:\n  schedule:\n    class_path: skiptrain.Static\n    init_args: {depth: 3}\n")
+    assert read_schedule_file(str(fragment), LAYERS) == Static(depth=3).build(LAYERS)
+    with pytest.raises(ScheduleError, match=r"draft_schedule=.*num_layers=6 of the schedule does not match the "
+                                            r"model's 4"):
+        read_schedule_file(str(export / "skip_schedule.json"), 4, "draft_schedule")
+    fragment.write_text("class_path: skiptrain.Nope\n")
+    with pytest.raises(ScheduleError, match=r"class_path='skiptrain.Nope' is invalid: allowed one of"):
+        read_schedule_file(str(fragment), LAYERS)
