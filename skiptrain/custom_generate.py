@@ -21,8 +21,9 @@ speed (lossless self-speculative decoding, :func:`speculate`): the schedule draf
 one full-depth forward over those K + 1 columns verifies them, and the longest agreeing prefix is kept (greedy), or
 the rejection rule of Leviathan et al. (arXiv 2211.17192) decides (sampling), so the output distribution is the
 full-depth one. One KV cache serves both: before verification every layer is cut back to the columns verified
-before, so afterwards it holds full-depth keys and values for every kept column. skiptrain's own speculative
-decoder (``skiptrain.speculative``) runs the same :func:`speculate` loop.
+before, so afterwards it holds full-depth keys and values for every column; a row's rejected columns are then
+masked as padding. skiptrain's own speculative decoder (``skiptrain.speculative``) runs the same :func:`speculate`
+loop.
 """
 
 from __future__ import annotations
@@ -246,14 +247,11 @@ class SpeculativeSteps(Protocol):
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Run the prompts ``[B, P]`` at full depth into the empty cache; logits ``[B, V]`` of the first token."""
 
-    def draft(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Run one column ``[B, 1]`` under the draft schedule; logits ``[B, V]`` of the token after it."""
+    def draft(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: int) -> torch.Tensor:
+        """Run one column ``[B, 1]`` through the draft's layers for generated index ``index``; logits ``[B, V]``."""
 
     def verify(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: int) -> torch.Tensor:
         """Cut every layer's cache to ``past`` columns, run ``[B, q]`` columns at full depth; logits ``[B, q, V]``."""
-
-    def keep(self, length: int) -> None:
-        """Cut every layer's cache to its first ``length`` columns."""
 
 
 @dataclass
@@ -261,18 +259,19 @@ class SpeculationStats:
     """Counts of one speculative decode, over the rows still generating at each verification.
 
     Attributes:
-        verifications: Full-depth verification forwards.
+        verifications: Full-depth verification forwards (all rows together).
         draft_steps: Draft forwards (one column each, all rows together).
         judged: Draft tokens the verifier judged: each row's drafts up to and including its first rejected one.
         accepted: Draft tokens the verifier accepted.
-        committed: Tokens kept per row over all verifications (with one KV cache, every row keeps the batch's
-            fewest exact tokens; the others are drafted again).
+        row_verifications: Verifications counted once per row still generating.
+        committed: Tokens kept, over all rows and verifications.
     """
 
     verifications: int = 0
     draft_steps: int = 0
     judged: int = 0
     accepted: int = 0
+    row_verifications: int = 0
     committed: int = 0
 
     @property
@@ -282,7 +281,8 @@ class SpeculationStats:
 
     @property
     def tokens_per_verification(self) -> float:
-        return self.committed / self.verifications if self.verifications else 0.0
+        """Tokens a row keeps per verification."""
+        return self.committed / self.row_verifications if self.row_verifications else 0.0
 
     def add(self, other: SpeculationStats) -> SpeculationStats:
         """The counts of both decodes."""
@@ -359,12 +359,15 @@ def speculate(
     do_sample: bool = False,
     warpers: LogitsProcessorList | None = None,
     generator: torch.Generator | None = None,
+    batch_minimum: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, SpeculationStats]:
     """Decode left-padded prompts: the full-depth output, drafted ``draft_tokens`` tokens per verification.
 
-    Every row keeps, per verification, the batch's fewest exact tokens (rows that end keep all theirs): each row's
-    tokens are then its full-depth tokens whatever the other rows accept, and all rows stay at one column, so one
-    cache serves the batch. Rows end at an end-of-sequence token (then ``pad_token_id``) or at ``max_new_tokens``.
+    All rows draft and verify the same columns, so one cache serves the batch; each row keeps its own exact tokens
+    and its rejected columns become padding (attention mask 0), so a row's tokens are its full-depth tokens whatever
+    the other rows accept. A draft column runs the draft's layers for the generated index of the row furthest
+    behind (by nesting, a superset of every row's own). Rows end at an end-of-sequence token (then
+    ``pad_token_id``) or at ``max_new_tokens``, as :func:`transformers` ``generate`` and skiptrain's ``generate``.
 
     Args:
         steps: The forward calls on one cache (:class:`SpeculativeSteps`).
@@ -378,12 +381,16 @@ def speculate(
         warpers: transformers' logits warpers (temperature, top-k, top-p; they read no sequence), applied to draft
             and full depth alike.
         generator: Random generator for sampling.
+        batch_minimum: Every row keeps only as many tokens as the row that keeps fewest (rows that end aside):
+            also lossless, and slower; kept to measure what per-row bookkeeping buys.
 
     Returns:
         ``(tokens [B, G], lengths [B], stats)``.
     """
-    eos = torch.tensor([] if eos_token_id is None else eos_token_id, device=input_ids.device).flatten()
+    device = input_ids.device
+    eos = torch.tensor([] if eos_token_id is None else eos_token_id, device=device).flatten()
     batch, past = input_ids.shape
+    rows = torch.arange(batch, device=device)
 
     def probabilities(logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> warped softmax
         flat = logits.reshape(-1, logits.shape[-1])
@@ -391,22 +398,23 @@ def speculate(
             flat = warpers(flat.new_zeros(len(flat), 0, dtype=torch.long), flat)
         return flat.softmax(-1).view(logits.shape)
 
-    def pick(logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
-        if do_sample:
-            return torch.multinomial(probabilities(logits), 1, generator=generator).squeeze(1)
-        return logits.argmax(-1)
-
     stats = SpeculationStats()
-    token = pick(steps.prefill(input_ids, attention_mask))  # [B]
-    lengths = torch.ones(batch, dtype=torch.long, device=input_ids.device)
-    finished = torch.isin(token, eos)
-    generated, mask = [token], attention_mask
-    ones = torch.ones(batch, draft_tokens + 1, dtype=mask.dtype, device=mask.device)
-    while len(generated) < max_new_tokens and not bool(finished.all()):
-        k = min(draft_tokens, max_new_tokens - len(generated) - 1)
+    first = steps.prefill(input_ids, attention_mask)
+    token = torch.multinomial(probabilities(first), 1, generator=generator).squeeze(1) if do_sample \
+        else first.argmax(-1)  # [B]
+    tokens = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    tokens[:, 0] = token
+    counts = torch.ones(batch, dtype=torch.long, device=device)  # tokens generated per row
+    finished = torch.isin(token, eos) | (counts >= max_new_tokens)
+    mask = attention_mask
+    ones = torch.ones(batch, draft_tokens + 1, dtype=mask.dtype, device=device)
+    while not bool(finished.all()):
+        active, remaining = ~finished, max_new_tokens - counts
+        k = min(draft_tokens, int(remaining[active].max()) - 1)
+        index = int(counts[active].min()) - 1  # generated index of the fed token of the row furthest behind
         column, drafts, drafted = token, [], []
         for j in range(k):
-            logits = steps.draft(column[:, None], torch.cat([mask, ones[:, : j + 1]], dim=1))
+            logits = steps.draft(column[:, None], torch.cat([mask, ones[:, : j + 1]], dim=1), index + j)
             if do_sample:
                 drafted.append(probabilities(logits))
                 column = torch.multinomial(drafted[-1], 1, generator=generator).squeeze(1)
@@ -416,31 +424,34 @@ def speculate(
         draft = torch.stack(drafts, 1) if drafts else token.new_zeros(batch, 0)  # [B, k]
         verified = steps.verify(torch.cat([token[:, None], draft], 1), torch.cat([mask, ones[:, : k + 1]], 1), past)
         if do_sample:
-            tokens, accepted = sampled_acceptance(probabilities(verified), torch.stack(drafted, 1) if drafted else
-                                                  verified.new_zeros(batch, 0, verified.shape[-1]), draft, generator)
+            drafted_probs = torch.stack(drafted, 1) if drafted else verified.new_zeros(batch, 0, verified.shape[-1])
+            chosen, accepted = sampled_acceptance(probabilities(verified), drafted_probs, draft, generator)
         else:
-            tokens, accepted = greedy_acceptance(verified, draft)
-        exact = torch.arange(k + 1, device=tokens.device) <= accepted[:, None]  # [B, k + 1]
-        ends = torch.isin(tokens, eos) & exact
-        limited = ~finished & ~ends.any(1)  # rows whose kept tokens stop at their first inexact one
-        if bool(limited.any()):
-            keep = int((accepted[limited] + 1).min())
-        else:  # every row ends: up to the last end-of-sequence token
-            keep = int((ends.int().argmax(1)[~finished] + 1).max())
+            chosen, accepted = greedy_acceptance(verified, draft)
+        width = torch.arange(k + 1, device=device)
+        exact = width <= accepted[:, None]  # [B, k + 1]
+        ends = torch.isin(chosen, eos) & exact
+        kept = torch.where(ends.any(1), ends.int().argmax(1) + 1, accepted + 1).minimum(remaining)
+        kept = kept.masked_fill(finished, 0)
+        if batch_minimum:
+            open_rows = active & (kept == accepted + 1) & (kept < remaining)  # rows that neither end nor fill up
+            if bool(open_rows.any()):
+                kept = kept.minimum(kept[open_rows].min())
+        keep = width < kept[:, None]  # [B, k + 1]
+        tokens[rows[:, None].expand_as(keep)[keep], (counts[:, None] + width)[keep]] = chosen[keep]
+        counts += kept
+        finished |= (torch.isin(chosen, eos) & keep).any(1) | (counts >= max_new_tokens)
         stats.verifications += 1
         stats.draft_steps += k
-        stats.judged += int(torch.minimum(accepted + 1, torch.full_like(accepted, k))[~finished].sum())
-        stats.accepted += int(accepted[~finished].sum())
-        stats.committed += keep
-        for j in range(keep):
-            token = torch.where(finished, torch.full_like(tokens[:, j], pad_token_id), tokens[:, j])
-            lengths += (~finished).long()
-            finished = finished | torch.isin(token, eos)
-            generated.append(token)
-        steps.keep(past + keep)  # the kept columns: the verified token and the first keep - 1 drafts
-        mask = torch.cat([mask, ones[:, :keep]], dim=1)
-        past += keep
-    return torch.stack(generated, 1), lengths, stats
+        stats.judged += int(torch.minimum(accepted + 1, torch.full_like(accepted, k))[active].sum())
+        stats.accepted += int(accepted[active].sum())
+        stats.row_verifications += int(active.sum())
+        stats.committed += int(kept.sum())
+        mask = torch.cat([mask, keep.to(mask.dtype)], dim=1)  # rejected columns become padding
+        past += k + 1
+        token = chosen[rows, (kept - 1).clamp(min=0)].masked_fill(kept == 0, pad_token_id)
+    width = int(counts.max())
+    return tokens[:, :width], counts, stats
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:
@@ -452,10 +463,11 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
 class GatedSteps:
     """:class:`SpeculativeSteps` through the model's own forward, decoder layers gated by a :class:`ColumnGate`.
 
+    A draft for generated index ``g`` runs ``executed_layers[g]``; prefill and verification run every layer.
+
     Args:
         model: The exported causal LM (its layers gated while decoding).
         gate: The gate of its layers; its ``active`` set is chosen here per call.
-    The column at ``P + g`` (``P`` the gate's prompt length) drafts with ``executed_layers[g]``.
     """
 
     def __init__(self, model: nn.Module, gate: ColumnGate) -> None:
@@ -475,16 +487,13 @@ class GatedSteps:
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self._logits(input_ids, attention_mask, self.every_layer, last_only=True)
 
-    def draft(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        layers = self.gate.layers_of(self.cache.get_seq_length())
+    def draft(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: int) -> torch.Tensor:
+        layers = frozenset(self.gate.table[min(index, len(self.gate.table) - 1)])
         return self._logits(input_ids, attention_mask, layers, last_only=True)
 
     def verify(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: int) -> torch.Tensor:
-        self.keep(past)
+        crop_cache(self.cache, past)
         return self._logits(input_ids, attention_mask, self.every_layer, last_only=False)
-
-    def keep(self, length: int) -> None:
-        crop_cache(self.cache, length)
 
 
 SPECULATIVE_OPTIONS = {"input_ids", "inputs", "attention_mask", "max_new_tokens", "do_sample", "temperature", "top_k",

@@ -10,7 +10,8 @@ One KV cache serves draft and verification. A draft column writes keys and value
 those of every layer above the first it skips differ from the full-depth ones (a skipped layer changes the hidden
 states of every layer after it), so before verification every layer is cut back to the columns verified before
 (:func:`~skiptrain.custom_generate.crop_cache`), and after it every layer holds full-depth keys and values for
-every kept column.
+every column. Each row keeps its own accepted tokens; its rejected columns stay in the cache as padding (attention
+mask 0), so rows never wait for each other.
 """
 
 from __future__ import annotations
@@ -61,26 +62,23 @@ class SpeculativeOutput(GenerationOutput):
     seconds: StepSeconds = field(default_factory=StepSeconds)
 
 
-def full_depth_prompt(draft: SkipSchedule) -> SkipSchedule:
-    """``draft``'s generated-token layer sets after a prompt run at full depth, as speculative decoding runs it."""
-    return SkipSchedule(draft.num_layers, tuple(range(draft.num_layers)), draft.executed_layers_table, draft.family,
-                        draft.params)
-
-
 class SkipSteps:
     """The forward calls of :func:`~skiptrain.custom_generate.speculate` through the skip-aware forward, timed.
 
+    Prompts run at full depth; a draft for generated index ``g`` runs ``draft.executed_layers(g)`` in every column
+    of the call, whatever its position (after rejected columns, position and column differ).
+
     Args:
         model: A supported Hugging Face causal LM (optionally peft-wrapped).
-        draft: The draft schedule, built for the model's layer count (its prompt layers are not used: prompts
-            run at full depth).
+        draft: The draft schedule, built for the model's layer count (its prompt layers are not used).
         prompt_length: ``P``, where every left-padded prompt ends.
     """
 
     def __init__(self, model: nn.Module, draft: SkipSchedule, prompt_length: int) -> None:
         self.model, self.parts = model, decoder_parts(model)
         draft.check_num_layers(self.parts.num_layers)
-        self.draft_schedule, self.dense = full_depth_prompt(draft), Dense().build(self.parts.num_layers)
+        self.draft_schedule, self.dense = draft, Dense().build(self.parts.num_layers)
+        self._drafts: dict[tuple[int, ...], SkipSchedule] = {}
         self.prompt_length = prompt_length
         self.cache = DynamicCache(config=self.parts.model.config)
         self.seconds = StepSeconds()
@@ -100,15 +98,15 @@ class SkipSteps:
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self._logits("prefill", input_ids, attention_mask, self.dense, last_only=True)
 
-    def draft(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self._logits("draft", input_ids, attention_mask, self.draft_schedule, last_only=True)
+    def draft(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: int) -> torch.Tensor:
+        layers = self.draft_schedule.executed_layers(index)
+        if layers not in self._drafts:  # whatever its column: rejected columns make column and index differ
+            self._drafts[layers] = SkipSchedule(self.parts.num_layers, self.dense.prompt_layers, (layers,))
+        return self._logits("draft", input_ids, attention_mask, self._drafts[layers], last_only=True)
 
     def verify(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: int) -> torch.Tensor:
-        self.keep(past)
+        crop_cache(self.cache, past)
         return self._logits("verify", input_ids, attention_mask, self.dense, last_only=False)
-
-    def keep(self, length: int) -> None:
-        crop_cache(self.cache, length)
 
 
 def check_draft_tokens(draft_tokens: int, max_new_tokens: int) -> None:
@@ -135,11 +133,13 @@ def speculative_generate(
     pad_token_id: int = 0,
     generator: torch.Generator | None = None,
     synced: bool = False,
+    batch_minimum: bool = False,
 ) -> SpeculativeOutput:
     """Full-depth decoding of left-padded prompts, ``draft_tokens`` tokens drafted per verification under ``draft``.
 
     Arguments as :func:`~skiptrain.generation.generate` (whose ``schedule`` here is the draft schedule), plus
-    ``draft_tokens``, K >= 0 (0 decodes at full depth one token per step). Greedy tokens equal
+    ``draft_tokens``, K >= 0 (0 decodes at full depth one token per step), and ``batch_minimum``
+    (:func:`~skiptrain.custom_generate.speculate`). Greedy tokens equal
     ``generate(..., Dense().build(L))``'s up to logit near-ties (a K + 1 column matmul may round differently from
     a one-column one); sampled tokens follow its distribution.
 
@@ -158,10 +158,9 @@ def speculative_generate(
     steps = SkipSteps(model, draft, input_ids.shape[1])
     tokens, lengths, stats = speculate(
         steps, input_ids, attention_mask, max_new_tokens, draft_tokens, eos_token_id, pad_token_id,
-        do_sample=sampling.do_sample, warpers=sampling.warpers(), generator=generator,
+        do_sample=sampling.do_sample, warpers=sampling.warpers(), generator=generator, batch_minimum=batch_minimum,
     )
     return SpeculativeOutput(tokens=tokens, lengths=lengths, stats=stats, seconds=steps.seconds)
 
 
-__all__ = ["SkipSteps", "SpeculativeOutput", "StepSeconds", "check_draft_tokens", "full_depth_prompt",
-           "speculative_generate"]
+__all__ = ["SkipSteps", "SpeculativeOutput", "StepSeconds", "check_draft_tokens", "speculative_generate"]

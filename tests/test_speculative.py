@@ -9,7 +9,7 @@ from tiny_models import FAMILIES, left_padded_batch, tiny_model
 
 import skiptrain.custom_generate as shared
 from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate
-from skiptrain.custom_generate import greedy_acceptance, sampled_acceptance, speedup_bound
+from skiptrain.custom_generate import sampled_acceptance, speedup_bound
 from skiptrain.errors import UsageError
 from skiptrain.speculative import SkipSteps, speculative_generate
 
@@ -43,8 +43,8 @@ def test_greedy_tokens_are_full_depth_at_batch_1_and_3_for_every_draft(family, d
             out = speculative_generate(model, ids, mask, draft.build(LAYERS), NEW_TOKENS, draft_tokens)
             assert out.tokens.shape == dense.tokens.shape, name
             assert_full_depth_tokens(out.tokens, dense)
-            assert out.stats.committed == NEW_TOKENS - 1, "the first token comes from the prompt's forward"
-            assert 0 <= out.stats.accepted <= out.stats.judged <= draft_tokens * out.stats.verifications * batch
+            assert out.stats.committed == (NEW_TOKENS - 1) * batch, "the first token comes from the prompt's forward"
+            assert 0 <= out.stats.accepted <= out.stats.judged <= draft_tokens * out.stats.row_verifications
 
 
 def test_a_draft_that_is_almost_always_rejected_still_makes_progress_and_is_counted():
@@ -70,30 +70,52 @@ def test_an_end_of_sequence_token_reached_mid_draft_ends_the_row_as_generate_doe
         assert int(out.lengths[1]) <= 4
 
 
+class RecordingSteps(SkipSteps):
+    """:class:`SkipSteps` that keep, after each verification, the cache, the attention mask and every column's token."""
+
+    def __init__(self, *args, prompt_ids: torch.Tensor) -> None:
+        super().__init__(*args)
+        self.ids, self.after_verification = prompt_ids, []
+
+    def verify(self, input_ids, attention_mask, past):
+        logits = super().verify(input_ids, attention_mask, past)
+        self.ids = torch.cat([self.ids[:, :past], input_ids], 1)
+        self.after_verification.append((self.ids, attention_mask, [(layer.keys.clone(), layer.values.clone())
+                                                                   for layer in self.cache.layers]))
+        return logits
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_after_a_verification_the_cache_holds_exactly_the_full_depth_keys_and_values(family):
+    """Against a full-depth prefill of the same tokens under the same mask (earlier rejected columns: padding)."""
     model = tiny_model(family, LAYERS)
     ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
-    steps = SkipSteps(model, DRAFTS["decaying"].build(LAYERS), ids.shape[1])
-    token, past, k = steps.prefill(ids, mask).argmax(-1), ids.shape[1], 4
-    drafts, column = [], token
-    for j in range(k):
-        column = steps.draft(column[:, None], torch.cat([mask, torch.ones(3, j + 1, dtype=mask.dtype)], 1)).argmax(-1)
-        drafts.append(column)
-    lengths = {layer.get_seq_length() for layer in steps.cache.layers}
-    assert len(lengths) > 1, "precondition: the draft left layers of different lengths"
-    proposal = torch.cat([token[:, None], torch.stack(drafts, 1)], 1)
-    full_mask = torch.cat([mask, torch.ones_like(proposal)], 1)
-    tokens, accepted = greedy_acceptance(steps.verify(proposal, full_mask, past), proposal[:, 1:])
-    kept = int(accepted.min()) + 1
-    steps.keep(past + kept)
+    steps = RecordingSteps(model, DRAFTS["decaying"].build(LAYERS), ids.shape[1], prompt_ids=ids)
+    shared.speculate(steps, ids, mask, NEW_TOKENS, 4)
+    assert len(steps.after_verification) >= 3
+    assert any(not bool(seen.all()) for _, seen, _ in steps.after_verification[1:]), "precondition: rejected columns"
+    for round_, (seen_ids, seen_mask, cache) in enumerate(steps.after_verification):
+        reference = SkipSteps(model, Dense().build(LAYERS), ids.shape[1])
+        reference.prefill(seen_ids, seen_mask)
+        tokens = seen_mask.bool()[:, None, :, None]  # [B, 1, S, 1]: columns that hold a token (not padding)
+        for index, ((keys, values), theirs) in enumerate(zip(cache, reference.cache.layers, strict=True)):
+            assert keys.shape == theirs.keys.shape, f"round {round_}, layer {index}"
+            for mine, full in ((keys, theirs.keys), (values, theirs.values)):
+                torch.testing.assert_close(mine * tokens, full * tokens, atol=1e-5, rtol=1e-5,
+                                           msg=f"round {round_}, layer {index}")
 
-    reference = SkipSteps(model, Dense().build(LAYERS), ids.shape[1])
-    reference.prefill(torch.cat([ids, proposal[:, :kept]], 1), full_mask[:, : past + kept])
-    for index, (mine, theirs) in enumerate(zip(steps.cache.layers, reference.cache.layers, strict=True)):
-        assert mine.keys.shape == theirs.keys.shape, f"layer {index}"
-        torch.testing.assert_close(mine.keys, theirs.keys, atol=1e-5, rtol=1e-5, msg=f"keys of layer {index}")
-        torch.testing.assert_close(mine.values, theirs.values, atol=1e-5, rtol=1e-5, msg=f"values of layer {index}")
+
+def test_rows_keep_their_own_accepted_tokens_and_the_batch_minimum_is_also_lossless():
+    model = tiny_model("llama", LAYERS)
+    ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
+    dense = generate(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, return_logits=True)
+    draft = DRAFTS["decaying"].build(LAYERS)
+    own = speculative_generate(model, ids, mask, draft, NEW_TOKENS, 4)
+    fewest = speculative_generate(model, ids, mask, draft, NEW_TOKENS, 4, batch_minimum=True)
+    assert_full_depth_tokens(own.tokens, dense)
+    assert_full_depth_tokens(fewest.tokens, dense)
+    assert own.stats.verifications < fewest.stats.verifications
+    assert own.stats.tokens_per_verification > fewest.stats.tokens_per_verification
 
 
 # -- sampling ------------------------------------------------------------------------------------------------------
