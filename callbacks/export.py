@@ -15,10 +15,9 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
-from skiptrain.export import export_module
-from skiptrain.module import SkipLM
-from skiptrain.output_dir import check_output_dir
-from skiptrain.runs import fit_record
+from skiptrain.core.output_dir import check_output_dir
+from skiptrain.training.module import SkipLM
+from skiptrain.training.runs import export_module, fit_record
 
 
 class ExportCallback(Callback):

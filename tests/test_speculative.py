@@ -7,11 +7,11 @@ import pytest
 import torch
 from tiny_models import FAMILIES, left_padded_batch, tiny_model
 
-import skiptrain.custom_generate as shared
+import skiptrain.export.custom_generate as shared
 from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate
-from skiptrain.custom_generate import sampled_acceptance, speedup_bound
 from skiptrain.errors import UsageError
-from skiptrain.speculative import SkipSteps, speculative_generate
+from skiptrain.export.custom_generate import sampled_acceptance, speedup_bound
+from skiptrain.frontends.speculative import SkipSteps, speculative_generate
 
 LAYERS = 6
 NEW_TOKENS = 12
@@ -235,9 +235,10 @@ def test_the_speedup_bound():
 
 
 # -- the command line -------------------------------------------------------------------------------------------------
-def test_generate_speculative_writes_the_full_depth_completions_and_reports_acceptance_and_cost(skip_export, tmp_path,
-                                                                                                  caplog):
-    from skiptrain.cli import main
+def test_generate_speculative_writes_the_full_depth_completions_and_reports_acceptance_and_cost(skip_export, tmp_path):
+    from skiptrain.cli.app import main
+    from skiptrain.cli.trainer import SkipTrainer
+    from skiptrain.training.module import SkipLM
 
     export = skip_export("llama")
     prompts, output = tmp_path / "prompts.txt", tmp_path / "out.jsonl"
@@ -248,21 +249,24 @@ def test_generate_speculative_writes_the_full_depth_completions_and_reports_acce
     dense = output.read_text()
     draft = tmp_path / "draft.yaml"
     draft.write_text("class_path: skiptrain.Static\ninit_args:\n  layers: [0, 4, 5]\n")
-    for extra in (["--speculative", "3", "--compare_dense", "true"], ["--speculative", "2", "--draft_schedule",
-                                                                       str(draft)]):
-        caplog.clear()
-        with caplog.at_level("INFO"):
-            main([*common, "--output", str(output), *extra])
-        assert output.read_text() == dense, extra
-        summary = caplog.text
+    main([*common, "--output", str(output), "--speculative", "2", "--draft_schedule", str(draft)])
+    assert output.read_text() == dense
+
+    trainer = SkipTrainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    for compare in (False, True):
+        report = trainer.generate(SkipLM(str(export)), prompts=str(prompts), output=str(output), max_new_tokens=10,
+                                  batch_size=3, speculative=3, compare_dense=compare)
+        assert output.read_text() == dense
+        summary = report.summary()
         for part in ("lossless speculative decoding", "acceptance", "tokens per verification", "of a full-depth step",
                      "bound (1 - a^(K+1)) / ((1 - a)(K c + 1))", "tokens/s"):
             assert part in summary, (part, summary)
-    assert "measured speedup" not in summary, "without --compare_dense nothing is compared"
+        assert ("measured speedup" in summary) == compare, summary
+        assert report.speculation.stats.speculation.judged >= report.speculation.stats.speculation.accepted > 0
 
 
 def test_read_schedule_file_takes_an_export_json_a_family_or_a_recipe_fragment(skip_export, tmp_path):
-    from skiptrain.schedules import ScheduleError, read_schedule_file
+    from skiptrain.core.schedules import ScheduleError, read_schedule_file
 
     export = skip_export("llama")
     own = read_schedule_file(str(export / "skip_schedule.json"), LAYERS)

@@ -1,0 +1,84 @@
+"""The export record: everything an export states about the model and the run that produced it.
+
+One typed record is written by :func:`~skiptrain.export.write.write_export`, read back by
+:func:`~skiptrain.export.write.load_exported`, and assembled from a run by :mod:`skiptrain.training.runs`. On disk it is
+spread over the export's files, whose formats are the export contract:
+
+- ``skip_schedule.json``: the schedule (:meth:`~skiptrain.core.schedules.SkipSchedule.to_dict`) plus ``producer``,
+  ``trained_with_schedule`` and ``base_model`` (:meth:`ExportRecord.schedule_json`);
+- ``training_config.yaml``: :attr:`ExportRecord.training_config`;
+- ``README.md``: all of it, for people (task and validation metrics are written there only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from skiptrain.core.schedules import SkipSchedule
+
+NOT_RECORDED = "not recorded"
+
+
+def producer() -> str:
+    """``"skiptrain <version>"``, the ``producer`` of every export this installation writes."""
+    try:
+        return f"skiptrain {version('skiptrain')}"
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "skiptrain unknown"
+
+
+@dataclass(frozen=True)
+class ExportRecord:
+    """What an export records about its model and the run that produced it.
+
+    Args:
+        base_model: Model the fine-tuning started from (hub id, directory, ``.gguf`` file or bundled name);
+            ``None`` only when read from a ``skip_schedule.json`` that does not name one.
+        trained_with_schedule: Whether the weights were fine-tuned with the schedule in the forward pass.
+        task: Task name of the run's data module, if known.
+        training_config: YAML text of the resolved training config, if known.
+        metrics: Validation metrics (name -> value).
+        metrics_source: Where ``metrics`` came from, or ``not recorded``.
+        schedule: The skip schedule; ``None`` until the record is attached to an export (``write_export`` sets
+            it to the schedule it writes).
+        producer: The skiptrain that wrote the export (``write_export`` sets it to this one).
+    """
+
+    base_model: str | None
+    trained_with_schedule: bool = True
+    task: str | None = None
+    training_config: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    metrics_source: str = NOT_RECORDED
+    schedule: SkipSchedule | None = None
+    producer: str | None = field(default_factory=producer)
+
+    def schedule_json(self) -> str:
+        """The text of ``skip_schedule.json``: the schedule's keys, then ``producer``, ``trained_with_schedule``
+        and ``base_model``."""
+        if self.schedule is None:
+            raise ValueError("schedule=None is invalid for skip_schedule.json: allowed a SkipSchedule")
+        return self.schedule.to_json(producer=self.producer, trained_with_schedule=self.trained_with_schedule,
+                                     base_model=self.base_model)
+
+    @classmethod
+    def from_schedule_file(
+        cls, schedule: SkipSchedule, data: Mapping[str, Any], training_config: str | None = None
+    ) -> ExportRecord:
+        """The record of an export from its ``skip_schedule.json`` object (whose schedule is ``schedule``).
+
+        Task and metrics are not part of the machine-readable contract, so they come back unset.
+        """
+        return cls(
+            base_model=data.get("base_model"),
+            trained_with_schedule=bool(data.get("trained_with_schedule")),
+            training_config=training_config,
+            schedule=schedule,
+            producer=data.get("producer"),
+        )
+
+
+__all__ = ["NOT_RECORDED", "ExportRecord", "producer"]
