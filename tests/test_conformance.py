@@ -58,6 +58,29 @@ def test_transformers_custom_generate_passes_and_dense_decoding_fails(skip_expor
         main([*check, "--check", str(dense)])
 
 
+def test_lossless_vectors_pass_speculative_and_full_depth_decoding_and_fail_the_schedule(skip_export, tmp_path):
+    """Vectors for a speculative implementation: its output must be the full-depth output, whatever it drafts with."""
+    export = skip_export("llama")
+    prompts, vectors_file = tmp_path / "prompts.txt", tmp_path / "vectors.json"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    main(["conformance", "--model.model", str(export), "--prompts", str(prompts), "--vectors", str(vectors_file),
+          "--max_new_tokens", str(NEW_TOKENS), "--lossless", "true", *CPU])
+    vectors = read_vectors(vectors_file, export)
+    assert vectors["reference"] == "full_depth"
+    skip = AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True).eval()
+    for name, model, options in (("speculative", skip, {"speculative_tokens": 3}),
+                                 ("full depth", AutoModelForCausalLM.from_pretrained(export).eval(), {}),
+                                 ("schedule", skip, {})):
+        lines = []
+        for case in vectors["cases"]:
+            ids = model.generate(input_ids=torch.tensor([case["prompt_token_ids"]]), do_sample=False,
+                                 max_new_tokens=vectors["max_new_tokens"], eos_token_id=None, **options)
+            lines.append(json.dumps({"id": case["id"], "token_ids": ids[0, len(case["prompt_token_ids"]):].tolist()}))
+        (tmp_path / "engine.jsonl").write_text("\n".join(lines) + "\n")
+        report = check_outputs(vectors, read_outputs(tmp_path / "engine.jsonl"))
+        assert report.passed is (name != "schedule"), (name, report.summary())
+
+
 def synthetic_vectors() -> dict:
     top = [[[5, 2.0], [7, 1.9995], [3, 1.0]], [[6, 1.0], [8, 0.5], [3, 0.1]]]
     return {"margin": 1e-3, "cases": [{"id": 0, "token_ids": [5, 6], "top_logits": top}]}

@@ -276,6 +276,7 @@ class SkipTrainer(L.Trainer):
         batch_size: int = 8,
         top: int = DEFAULT_TOP,
         margin: float | None = None,
+        lossless: bool = False,
     ) -> ConformanceReport | None:
         """Write conformance test vectors for other inference engines, or check an engine's outputs against them.
 
@@ -297,6 +298,8 @@ class SkipTrainer(L.Trainer):
             top: Top logits recorded per step.
             margin: Logit gap that counts as a tie: when writing, the default stored in the vectors
                 (default 1e-3); when checking, overrides it.
+            lossless: Write vectors for a speculative implementation that drafts under the schedule: the reference
+                decodes at full depth, whose output such an implementation must equal.
         """
         if check is not None:
             report = check_outputs(read_vectors(vectors, model.model_name), read_outputs(check), margin)
@@ -311,7 +314,7 @@ class SkipTrainer(L.Trainer):
             model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,
             max_new_tokens=_max_new_tokens(model, max_new_tokens), batch_size=batch_size, top=top,
             margin=DEFAULT_MARGIN if margin is None else margin, device=device,
-            context=self.precision_plugin.forward_context,
+            context=self.precision_plugin.forward_context, lossless=lossless,
         )
         rank_zero_info(f"skiptrain conformance: wrote {len(written['cases'])} cases of {written['max_new_tokens']} "
                        f"greedy tokens to {vectors}")
