@@ -12,7 +12,7 @@ mkdir -p "$out"
 run exactness --draft-schedule benchmarks/e2e/schedule_flat2x.yaml --batch 8 --new-tokens 32 --draft-tokens 4 \
   --out "$out/$name.flat2x.exactness.b8.json"
 # speed: fastest of 3 interleaved passes with full depth, end-of-sequence stopping (equal output, equal work)
-run timing --draft-schedule benchmarks/e2e/schedule_flat2x.yaml --batch 1 --mrs 4 --new-tokens 32 --draft-tokens 2 4 6 \
+run timing --draft-schedule benchmarks/e2e/schedule_flat2x.yaml --batch 1 --mrs 2 --new-tokens 32 --draft-tokens 2 4 \
   --out "$out/$name.flat2x.timing.b1.json"
 run timing --draft-schedule benchmarks/e2e/schedule_flat2x.yaml --batch 8 --mrs 16 --new-tokens 32 --draft-tokens 2 4 \
   --out "$out/$name.flat2x.timing.b8.json"
