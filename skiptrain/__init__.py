@@ -35,9 +35,9 @@ _LAZY: dict[str, str] = {
     "generate": "skiptrain.modeling.generation",
     "SpeculativeOutput": "skiptrain.frontends.speculative",
     "speculative_generate": "skiptrain.frontends.speculative",
-    "ExportError": "skiptrain.export.write",
-    "ExportedModel": "skiptrain.export.write",
-    "load_exported": "skiptrain.export.write",
+    "ExportError": "skiptrain.export.format",
+    "ExportedModel": "skiptrain.export.load",
+    "load_exported": "skiptrain.export.load",
 }
 
 __all__ = [  # a literal list, so linters and type checkers see the public names
@@ -75,7 +75,8 @@ if TYPE_CHECKING:
         Static,
         skipdecode_for_speedup,
     )
-    from skiptrain.export.write import ExportedModel, ExportError, load_exported
+    from skiptrain.export.format import ExportError
+    from skiptrain.export.load import ExportedModel, load_exported
     from skiptrain.frontends.speculative import SpeculativeOutput, speculative_generate
     from skiptrain.modeling.forward import position_ids_from_mask, skip_forward, skip_hidden_states
     from skiptrain.modeling.generation import GenerationOutput, SamplingConfig, generate

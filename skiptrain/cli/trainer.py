@@ -18,26 +18,26 @@ The model is given as usual by ``--model.model`` (or a recipe / a run's ``config
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
-import yaml
+from lightning.fabric.connector import _PRECISION_INPUT
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info
+from transformers import PretrainedConfig
 
 from skiptrain.core.output_dir import check_output_dir
 from skiptrain.core.schedules import read_schedule_file
 from skiptrain.data.datamodule import SkipDataModule
-from skiptrain.errors import DataError, InputError, UsageError
+from skiptrain.errors import InputError, UsageError
 from skiptrain.frontends.conformance import (
     DEFAULT_MARGIN,
     DEFAULT_TOP,
     ConformanceReport,
     check_outputs,
+    check_vector_options,
     read_outputs,
     read_vectors,
     write_vectors,
@@ -46,6 +46,7 @@ from skiptrain.frontends.inference import (
     STDIO,
     GenerationReport,
     LongPrompts,
+    check_batch_size,
     fit_prompts,
     generate_report,
     read_prompts,
@@ -54,20 +55,37 @@ from skiptrain.frontends.inference import (
 from skiptrain.frontends.speculative import check_draft_tokens
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
-from skiptrain.training.calibrate import SEARCHED_FAMILIES, Calibration, calibrate
+from skiptrain.modeling.precision import resolve_precision
+from skiptrain.training.calibrate import Calibration, CalibrationRequest, calibrate, validation_batches
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
 from skiptrain.training.evaluation import evaluate_against_dense
 from skiptrain.training.module import SkipLM
-from skiptrain.training.runs import export_checkpoint, load_weights
+from skiptrain.training.runs import export_checkpoint
 
 
 class SkipTrainer(L.Trainer):
-    """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`."""
+    """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`.
+
+    Args:
+        precision: As Lightning's, plus ``auto``: what the device runs natively (``bf16-mixed`` on CUDA with bf16
+            and on CPUs with AVX512-BF16 or AMX, ``16-mixed`` on older CUDA, else ``32-true``); see
+            docs/cli.md, "Precision".
+        kwargs: Lightning's ``Trainer`` arguments.
+    """
+
+    def __init__(self, *, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs: Any) -> None:
+        super().__init__(precision=resolve_precision(precision, kwargs.get("accelerator", "auto")), **kwargs)
+
+    def _load(self, model: SkipLM, ckpt_path: str | None, weights_only: bool | None) -> None:
+        """Give ``model`` its weights (:meth:`~skiptrain.training.module.SkipLM.load_weights`) in the dtype this
+        trainer's precision implies (``model.dtype``)."""
+        model.trainer = self
+        model.load_weights(ckpt_path, weights_only)
 
     def _place_for_inference(self, model: SkipLM) -> torch.device:
-        """Move the loaded ``model.model`` to this trainer's device and precision, in eval mode; returns the device."""
+        """Move the loaded module to this trainer's device and precision, in eval mode; returns the device."""
         device = self.strategy.root_device
-        model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
+        self.precision_plugin.convert_module(model).to(device).eval()  # in place: the module keeps its own model
         return device
 
     def export(
@@ -98,13 +116,13 @@ class SkipTrainer(L.Trainer):
         Returns:
             The export directory. A module whose model was built here has its LoRA adapters merged in place.
         """
+        model.trainer = self  # the weights load in the dtype its precision implies
         return export_checkpoint(model, output_dir, ckpt_path, datamodule, weights_only, adapter_only=adapter_only,
                                  overwrite=overwrite)
 
     def generate(
         self,
         model: SkipLM,
-        datamodule: SkipDataModule | None = None,
         ckpt_path: str | None = None,
         weights_only: bool | None = None,
         *,
@@ -123,7 +141,6 @@ class SkipTrainer(L.Trainer):
 
         Args:
             model: The module; ``model.model`` may be an export directory.
-            datamodule: Unused (generation needs no data module).
             ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
             weights_only: How the checkpoint is unpickled, as in ``fit``: ``null``/``true`` tensors and plain data
                 only, ``false`` any object (trusted checkpoints only).
@@ -145,20 +162,15 @@ class SkipTrainer(L.Trainer):
         """
         max_new_tokens = _max_new_tokens(model, max_new_tokens)
         _check_speculation(speculative, max_new_tokens, draft_schedule, dense)
-        prompt_texts = read_prompts(prompts)
-        base_config = model.check_model()  # None for an export: its config is known once it is loaded
-        if base_config is not None and draft_schedule is not None:  # checked before the weights load, as the prompts
-            read_schedule_file(draft_schedule, base_config.num_hidden_layers, "draft_schedule")
-        if base_config is not None:  # the prompts are checked before the weights load
-            prompt_texts = fit_prompts(model.get_tokenizer(), prompt_texts, context_length(base_config),
-                                       max_new_tokens, long_prompts)
-        load_weights(model, ckpt_path, weights_only)
+        check_batch_size(batch_size)
+        config = _model_config(model)
+        draft = None if draft_schedule is None else \
+            read_schedule_file(draft_schedule, config.num_hidden_layers, "draft_schedule")  # before the weights load
+        prompt_texts = fit_prompts(model.get_tokenizer(), read_prompts(prompts), context_length(config),
+                                   max_new_tokens, long_prompts)
+        self._load(model, ckpt_path, weights_only)
         tokenizer = model.get_tokenizer()
-        if base_config is None:
-            prompt_texts = fit_prompts(tokenizer, prompt_texts, context_length(model.model.config), max_new_tokens,
-                                       long_prompts)
-        draft = model.schedule if draft_schedule is None else \
-            read_schedule_file(draft_schedule, model.schedule.num_layers, "draft_schedule")
+        draft = draft or model.schedule
         device = self._place_for_inference(model)
         report = generate_report(
             model.model, tokenizer, draft, prompt_texts, dense=dense, compare_dense=compare_dense,
@@ -194,7 +206,7 @@ class SkipTrainer(L.Trainer):
                 only, ``false`` any object (trusted checkpoints only).
             output: Also write the table as JSON to this file.
         """
-        load_weights(model, ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         return evaluate_against_dense(self, model, datamodule, output)
 
     def calibrate(
@@ -240,23 +252,15 @@ class SkipTrainer(L.Trainer):
         """
         check_output_dir(output_dir, overwrite)
         require_matplotlib()
-        families = list(SEARCHED_FAMILIES if families is None else families)
-        unknown = sorted(set(families) - set(SEARCHED_FAMILIES))
-        if unknown:
-            raise UsageError(f"families={unknown} is invalid: allowed {list(SEARCHED_FAMILIES)}")
-        grid_spec = _read_grid(grid) if grid else None
-        load_weights(model, ckpt_path, weights_only)
-        device = self._place_for_inference(model)
-        datamodule.setup("validate")
-        loader = itertools.islice(datamodule.val_dataloader(), _limit(num_batches))
-        batches = [move_data_to_device(batch, device) for batch in loader]
-        if not batches:
-            raise DataError("the data module has no validation batches: give data.val_files (or a split with a "
-                             "validation part) to calibrate on")
+        request = CalibrationRequest.checked(_model_config(model).num_hidden_layers, targets, families, grid,
+                                             per_target, tolerance, num_batches, generation_batches)
+        batches = validation_batches(datamodule, request.num_batches)
+        self._load(model, ckpt_path, weights_only)
+        batches = move_data_to_device(batches, self._place_for_inference(model))
         with self.precision_plugin.forward_context():
-            result = calibrate(model, batches, targets=targets or [1.5, 2.0, 3.0], families=families, grid=grid_spec,
-                               per_target=per_target, tolerance=tolerance,
-                               generation_batches=batches[:generation_batches], metric=datamodule.metric)
+            result = calibrate(model, batches, targets=request.targets, families=request.families, grid=request.grid,
+                               per_target=request.per_target, tolerance=request.tolerance,
+                               generation_batches=batches[:request.generation_batches], metric=datamodule.metric)
         write_calibration(result, output_dir, overwrite)
         rank_zero_info(f"skiptrain calibrate: {len(result.candidates)} schedules scored on "
                        f"{sum(result.lengths)} validation target tokens; wrote {output_dir}")
@@ -265,7 +269,6 @@ class SkipTrainer(L.Trainer):
     def conformance(
         self,
         model: SkipLM,
-        datamodule: SkipDataModule | None = None,
         ckpt_path: str | None = None,
         weights_only: bool | None = None,
         *,
@@ -287,7 +290,6 @@ class SkipTrainer(L.Trainer):
 
         Args:
             model: The module; ``model.model`` is usually an export directory.
-            datamodule: Unused.
             ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
             weights_only: How the checkpoint is unpickled, as in ``fit``.
             vectors: The vectors file (JSON) to write, or to check against.
@@ -302,17 +304,21 @@ class SkipTrainer(L.Trainer):
                 decodes at full depth, whose output such an implementation must equal.
         """
         if check is not None:
-            report = check_outputs(read_vectors(vectors, model.model_name), read_outputs(check), margin)
+            report = check_outputs(read_vectors(vectors, model.source.schedule()), read_outputs(check), margin)
             if not report.passed:
                 raise SystemExit(report.summary())
             rank_zero_info(report.summary())
             return report
+        max_new_tokens = _max_new_tokens(model, max_new_tokens)
+        check_batch_size(batch_size)
+        check_vector_options(top, margin)
         prompt_texts = read_prompts(prompts)
-        load_weights(model, ckpt_path, weights_only)
+        _model_config(model)
+        self._load(model, ckpt_path, weights_only)
         device = self._place_for_inference(model)
         written = write_vectors(
             model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,
-            max_new_tokens=_max_new_tokens(model, max_new_tokens), batch_size=batch_size, top=top,
+            max_new_tokens=max_new_tokens, batch_size=batch_size, top=top,
             margin=DEFAULT_MARGIN if margin is None else margin, device=device,
             context=self.precision_plugin.forward_context, lossless=lossless,
         )
@@ -345,22 +351,11 @@ def _max_new_tokens(model: SkipLM, given: int | None) -> int:
     return given
 
 
-def _limit(num_batches: int) -> int | None:
-    if num_batches == 0 or num_batches < -1:
-        raise UsageError(f"num_batches={num_batches} is invalid: allowed -1 (all) or >= 1")
-    return None if num_batches == -1 else num_batches
-
-
-def _read_grid(path: str) -> dict[str, dict[str, Sequence[Any]]]:
-    """A calibration grid file: ``{family: {parameter: [values]}}``."""
-    try:
-        grid = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise InputError(f"grid={path!r} cannot be read ({' '.join(str(err).split())}): allowed a YAML file "
-                         "{family: {parameter: [values]}}") from err
-    if not isinstance(grid, dict) or not all(isinstance(axes, dict) for axes in grid.values()):
-        raise UsageError(f"grid={path!r} is invalid: allowed a YAML mapping {{family: {{parameter: [values]}}}}")
-    return {name: {k: v if isinstance(v, list) else [v] for k, v in axes.items()} for name, axes in grid.items()}
+def _model_config(model: SkipLM) -> PretrainedConfig:
+    """The architecture ``model`` will have, checked (:meth:`~skiptrain.training.module.SkipLM.check_model`) before any
+    weights are read; the loaded model's own when it is already built."""
+    config = model.check_model()
+    return config if config is not None else model.model.config
 
 
 __all__ = ["SkipTrainer"]

@@ -130,14 +130,19 @@ def _prompt_tail(tokenizer: Any, prompt: str, budget: int) -> str:
     raise PromptError(f"a prompt cannot be truncated to {budget} tokens")
 
 
+def check_batch_size(batch_size: int) -> None:
+    """Refuse a ``batch_size`` below 1 (before anything is loaded: :func:`prompt_batches` runs lazily)."""
+    if batch_size < 1:
+        raise UsageError(f"batch_size={batch_size} is invalid: allowed >= 1")
+
+
 def prompt_batches(tokenizer: Any, prompts: Sequence[str], batch_size: int) -> Iterator[dict[str, Any]]:
     """Batches of ``batch_size`` raw prompts, tokenised and left-padded as training batches hold prompts.
 
     Raises:
         ValueError: If ``batch_size < 1``.
     """
-    if batch_size < 1:
-        raise UsageError(f"batch_size={batch_size} is invalid: allowed >= 1")
+    check_batch_size(batch_size)
     prompt_ids = tokenize_prompts(tokenizer, prompts)
     for start in range(0, len(prompt_ids), batch_size):
         yield collate_prompts(prompt_ids[start:start + batch_size], tokenizer.pad_token_id)
@@ -453,6 +458,7 @@ __all__ = [
     "GenerationReport",
     "SpeculationReport",
     "SpeedComparison",
+    "check_batch_size",
     "compare_speed",
     "complete",
     "dense_step_seconds",
