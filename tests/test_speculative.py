@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import FAMILIES, left_padded_batch, tiny_model
+from helpers.tiny_models import ARCHITECTURES, left_padded_batch, tiny_model
 
 import skiptrain.export.custom_generate as shared
 from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate
@@ -16,6 +16,7 @@ from skiptrain.frontends.speculative import SkipSteps, speculative_generate
 LAYERS = 6
 NEW_TOKENS = 12
 NEAR_TIE = 1e-4
+FAMILIES = tuple(name for name in ARCHITECTURES if name != "mistral-sliding")  # refused: see the refusal test
 DRAFTS = {
     "decaying": SkipDecode(min_layers=2, max_layers=5, decay_tokens=3),  # accepts some drafts
     "one_layer": Static(layers=(0,)),  # layer 0 alone: its drafts are almost always rejected
@@ -226,6 +227,8 @@ def test_what_cannot_be_decoded_losslessly_is_refused_in_one_line(kwargs, messag
         speculative_generate(model, ids, mask, DRAFTS["decaying"].build(LAYERS), 4, **kwargs)
     with pytest.raises(ValueError, match="num_layers"):
         speculative_generate(model, ids, mask, DRAFTS["decaying"].build(LAYERS + 1), 4, 2)
+    with pytest.raises(UsageError, match="speculative=2 is invalid for sliding-window attention"):
+        speculative_generate(tiny_model("mistral-sliding", LAYERS), ids, mask, DRAFTS["decaying"].build(LAYERS), 4, 2)
 
 
 def test_the_speedup_bound():

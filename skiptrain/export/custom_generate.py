@@ -454,6 +454,18 @@ def speculate(
     return tokens[:, :width], counts, stats
 
 
+def sliding_window_of(config: Any) -> int | None:
+    """The sliding attention window of a model config, ``None`` for full attention in every layer.
+
+    Speculative decoding refuses such models: a row's rejected columns stay in the cache as padding, and a window
+    counted in cache columns would then cover fewer of that row's tokens than full-depth decoding sees.
+    """
+    window = getattr(config, "sliding_window", None)
+    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ()) or (
+        window is not None and getattr(config, "use_sliding_window", True))
+    return window if sliding else None
+
+
 def crop_cache(cache: DynamicCache, length: int) -> None:
     """Cut every layer of ``cache`` to its first ``length`` columns (layers differ in length after a draft)."""
     for layer in cache.layers:
@@ -538,6 +550,10 @@ def speculative_generate(model: nn.Module, prompt: torch.Tensor, draft_tokens: i
     mask = kwargs.get("attention_mask")
     mask = torch.ones_like(prompt) if mask is None else mask
     _, table = read_schedule(model.config)
+    if sliding_window_of(model.config) is not None:
+        raise SkipScheduleError(f"speculative_tokens={draft_tokens} is invalid for sliding-window attention "
+                                f"(sliding_window={sliding_window_of(model.config)}): allowed full-attention models; "
+                                "decode without speculative_tokens")
     layers = _checked_layers(model)
     gate = ColumnGate(prompt.shape[1], range(len(layers)), table)
     with _gates_installed(layers, _own_forwards(layers), gate):

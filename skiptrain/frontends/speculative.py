@@ -25,7 +25,7 @@ from transformers import DynamicCache
 
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.errors import UsageError
-from skiptrain.export.custom_generate import SpeculationStats, crop_cache, speculate
+from skiptrain.export.custom_generate import SpeculationStats, crop_cache, sliding_window_of, speculate
 from skiptrain.modeling.architectures import DecoderParts, decoder_parts
 from skiptrain.modeling.forward import skip_hidden_states
 from skiptrain.modeling.generation import GenerationOutput, SamplingConfig
@@ -144,13 +144,18 @@ def speculative_generate(
     a one-column one); sampled tokens follow its distribution.
 
     Raises:
-        UsageError: for ``max_new_tokens < 1``, ``draft_tokens`` outside ``[0, max_new_tokens]``, or
+        UsageError: for ``max_new_tokens < 1``, ``draft_tokens`` outside ``[0, max_new_tokens]``, a model with
+            sliding-window attention (:func:`~skiptrain.export.custom_generate.sliding_window_of`), or
             ``synced=True``: the number of forward calls depends on what each rank accepts, so ranks of ZeRO-3 or
             FSDP would not call their layers in lockstep.
     """
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1")
     check_draft_tokens(draft_tokens, max_new_tokens)
+    window = sliding_window_of(decoder_parts(model).model.config)
+    if draft_tokens and window is not None:
+        raise UsageError(f"speculative={draft_tokens} is invalid for sliding-window attention (sliding_window="
+                         f"{window}): allowed full-attention models; decode with speculative=0")
     if synced:
         raise UsageError("synced=True is invalid with speculative decoding: its forward calls depend on what each "
                          "rank accepts; allowed synced=False (decode on one process, or without speculation)")
