@@ -148,7 +148,7 @@ class SkipCLI(LightningCLI):
         A user error found later (e.g. in the data, which Lightning sets up after creating the run's log directory)
         removes the log directory this command created, while it holds nothing but the configuration.
         """
-        config = self.model.check_model()
+        config = self.model.check_model(self.trainer.strategy)
         if config is not None and self.datamodule is not None:
             self.datamodule.check_context(context_length(config))
         if subcommand == "fit":

@@ -5,7 +5,7 @@ One typed record is written by :func:`~skiptrain.export.write.write_export`, rea
 spread over the export's files, whose formats are the export contract:
 
 - ``skip_schedule.json``: the schedule (:meth:`~skiptrain.core.schedules.SkipSchedule.to_dict`) plus ``producer``,
-  ``trained_with_schedule`` and ``base_model`` (:meth:`ExportRecord.schedule_json`);
+  ``trained_with_schedule``, ``base_model`` and ``base_quantization`` (:meth:`ExportRecord.schedule_json`);
 - ``training_config.yaml``: :attr:`ExportRecord.training_config`;
 - ``README.md``: all of it, for people (task and validation metrics are written there only).
 """
@@ -45,6 +45,8 @@ class ExportRecord:
         schedule: The skip schedule; ``None`` until the record is attached to an export (``write_export`` sets
             it to the schedule it writes).
         producer: The skiptrain that wrote the export (``write_export`` sets it to this one).
+        base_quantization: For a QLoRA run, the ``model.quantization`` settings of the base the adapters were
+            trained on (``bits``, ``type``, ``double_quant``, ``compute_dtype``); ``None`` for a full-precision base.
     """
 
     base_model: str | None
@@ -55,6 +57,7 @@ class ExportRecord:
     metrics_source: str = NOT_RECORDED
     schedule: SkipSchedule | None = None
     producer: str | None = field(default_factory=producer)
+    base_quantization: dict[str, Any] | None = None
 
     def schedule_json(self) -> str:
         """The text of ``skip_schedule.json``: the schedule's keys, then ``producer``, ``trained_with_schedule``
@@ -62,7 +65,7 @@ class ExportRecord:
         if self.schedule is None:
             raise ValueError("schedule=None is invalid for skip_schedule.json: allowed a SkipSchedule")
         return self.schedule.to_json(producer=self.producer, trained_with_schedule=self.trained_with_schedule,
-                                     base_model=self.base_model)
+                                     base_model=self.base_model, base_quantization=self.base_quantization)
 
     @classmethod
     def from_schedule_file(
@@ -78,6 +81,7 @@ class ExportRecord:
             training_config=training_config,
             schedule=schedule,
             producer=data.get("producer"),
+            base_quantization=data.get("base_quantization"),
         )
 
 

@@ -20,6 +20,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    BitsAndBytesConfig,
     GgufConfig,
     PretrainedConfig,
     PreTrainedModel,
@@ -128,9 +129,20 @@ def context_length(config: PretrainedConfig) -> int | None:
 
 
 def load_causal_lm(
-    name_or_path: str, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None
+    name_or_path: str,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype | None = None,
+    quantization_config: BitsAndBytesConfig | None = None,
 ) -> PreTrainedModel:
     """Load a causal LM with plain ``transformers`` (GGUF weights are de-quantised).
+
+    Args:
+        name_or_path: See :func:`resolve_model`.
+        attn_implementation: ``sdpa`` or ``eager``.
+        dtype: Weight dtype (default float32; with ``quantization_config``, that of the layers left unquantized).
+        quantization_config: Quantize the linear layers with bitsandbytes as they load (QLoRA). A GGUF file is
+            de-quantised first and its weights handed to ``from_pretrained`` again, since transformers loads a GGUF
+            file under no other quantization.
 
     Raises:
         ModelError: naming the model, for one that cannot be found, or missing, truncated or corrupt weights.
@@ -139,6 +151,8 @@ def load_causal_lm(
     kwargs = source.kwargs()
     if source.gguf_file is not None:
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    elif quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
     with _loading(name_or_path):
         model = AutoModelForCausalLM.from_pretrained(
             source.path, attn_implementation=attn_implementation, dtype=dtype or torch.float32, **kwargs
@@ -146,6 +160,11 @@ def load_causal_lm(
     if source.gguf_file is not None:
         model.hf_quantizer = None  # de-quantised: a plain model that saves and trains like any other
         model.is_quantized = False
+        if quantization_config is not None:
+            model = type(model).from_pretrained(
+                None, config=model.config, state_dict=model.state_dict(), quantization_config=quantization_config,
+                attn_implementation=attn_implementation, dtype=dtype or torch.float32,
+            )
     return model
 
 

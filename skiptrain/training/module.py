@@ -14,11 +14,13 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from jsonargparse import set_parsing_settings
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from peft import PeftModel
+from peft import PeftModel, prepare_model_for_kbit_training
 from torchmetrics import MeanMetric
 from torchmetrics.text import ROUGEScore, SacreBLEUScore
 from transformers import (
+    BitsAndBytesConfig,
     PretrainedConfig,
     get_constant_schedule_with_warmup,
     get_cosine_schedule_with_warmup,
@@ -35,11 +37,19 @@ from skiptrain.modeling.forward import skip_hidden_states
 from skiptrain.modeling.generation import SamplingConfig, generate
 from skiptrain.modeling.loading import load_causal_lm, load_config, load_tokenizer
 from skiptrain.modeling.precision import WeightsDtype, weights_dtype
+from skiptrain.modeling.quantization import (
+    Quantization,
+    is_under,
+    quantized_weight_names,
+    require_bitsandbytes,
+    use_training_kernels,
+)
 from skiptrain.text.batch import IGNORE_INDEX
 from skiptrain.training.checkpoints import consolidate_checkpoint
 from skiptrain.training.lora import LoraSettings, with_adapters
 from skiptrain.training.losses import distillation_kl, target_cross_entropy
 from skiptrain.training.sources import Source, load_run_weights, load_trained_model, resolve_source
+from skiptrain.training.strategies import check_quantization_strategy
 
 LR_SCHEDULES = {
     "cosine": get_cosine_schedule_with_warmup,
@@ -135,6 +145,8 @@ class SkipLM(L.LightningModule):
             ``Static``, ``Dense``); the layer count comes from the loaded model. There is no default: required, except
             when ``model`` is an export directory, whose ``skip_schedule.json`` is used.
         lora: LoRA settings; ``null`` fine-tunes every weight.
+        quantization: Store the frozen base weights in 4 or 8 bits with bitsandbytes and train LoRA adapters on
+            them (QLoRA; needs ``lora`` and ``pip install 'skiptrain[qlora]'``); ``null`` keeps them in full precision.
         distillation: Distillation from a teacher at full depth; ``null`` disables it.
         dense_loss_weight: Weight of a second cross entropy computed on the dense path (all layers) of the same
             weights, added to the scheduled one so that one model serves both depths; 0 disables it.
@@ -160,6 +172,7 @@ class SkipLM(L.LightningModule):
         model: str,
         schedule: ScheduleFamily | None = None,
         lora: LoraSettings | None = None,
+        quantization: Quantization | None = None,
         distillation: Distillation | None = None,
         dense_loss_weight: float = 0.0,
         curriculum: Curriculum | None = None,
@@ -193,6 +206,12 @@ class SkipLM(L.LightningModule):
         if distillation is not None and distillation.teacher == "base" and lora is None:
             raise UsageError("distillation.teacher='base' needs lora: the base model with adapters disabled is the "
                              "teacher; use teacher 'dense' or a checkpoint path for full fine-tuning")
+        if quantization is not None:
+            if lora is None:
+                raise UsageError("model.quantization needs model.lora: quantized base weights are frozen, so only "
+                                 "LoRA adapters can train on them; set model.lora, or model.quantization: null for "
+                                 "full fine-tuning")
+            require_bitsandbytes()
         self.save_hyperparameters()
         self.model_name = model
         self.source = resolve_source(model)
@@ -200,6 +219,7 @@ class SkipLM(L.LightningModule):
         self._teacher_source = teacher_source
         self.schedule_family = schedule
         self.lora = lora
+        self.quantization = quantization
         self.distillation = distillation
         self.curriculum = curriculum
         self.generation = generation if generation is not None else GenerationSettings()
@@ -221,7 +241,10 @@ class SkipLM(L.LightningModule):
         return super().load_from_checkpoint(*args, **kwargs)
 
     def setup(self, stage: str) -> None:
-        """Create the generation metrics; ``auto`` asks the data module which its task uses."""
+        """Refuse a quantized base under a sharding strategy; create the generation metrics (``auto`` asks the data
+        module which its task uses)."""
+        if self.quantization is not None and self._trainer is not None:
+            check_quantization_strategy(self.trainer.strategy)
         metric = self.generation.metric
         if metric == "auto":
             datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -239,8 +262,9 @@ class SkipLM(L.LightningModule):
                              "schedule")
         return self.schedule_family
 
-    def check_model(self) -> PretrainedConfig | None:
-        """Refuse a model that cannot be found, or a schedule that does not fit it, from the model's config alone.
+    def check_model(self, strategy: Strategy | None = None) -> PretrainedConfig | None:
+        """Refuse a model that cannot be found, or a schedule that does not fit it, from the model's config alone;
+        and a quantized base under a ``strategy`` that shards parameters.
 
         No weights are read (a GGUF file's header is, once: the config is kept for later calls). The CLI calls it
         before a run directory or an output is written. An export directory is verified as when it is loaded
@@ -254,8 +278,11 @@ class SkipLM(L.LightningModule):
             ModelError: for a model that cannot be found or is not a causal LM.
             ExportError: for an export that cannot be used.
             ScheduleError: for schedule parameters the model's layer count does not allow.
-            UsageError: for a missing schedule, or LoRA targets that match no layer.
+            UsageError: for a missing schedule, LoRA targets that match no layer, or quantization under FSDP or
+                DeepSpeed.
         """
+        if self.quantization is not None and strategy is not None:
+            check_quantization_strategy(strategy)
         if self.model is not None:
             return None
         if self.source.kind == "export":
@@ -280,13 +307,17 @@ class SkipLM(L.LightningModule):
             return
         family = self._schedule_family()
         model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation,
-                               dtype=self.weights_dtype()).train()
+                               dtype=self.weights_dtype(), quantization_config=self._quantization_config()).train()
         self.schedule = family.build(model.config.num_hidden_layers)
         if self._init_source is not None:
             load_run_weights(model, self._init_source)
         if self._teacher_source is not None:
             teacher = load_trained_model(self._teacher_source, self.hparams.attn_implementation)
             self._teacher = (teacher.eval().requires_grad_(False),)
+        if self.quantization is not None:
+            # Norms and embeddings in float32, base frozen; activation checkpointing is set below, as without it.
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+            use_training_kernels(model)
         if self.lora is not None:
             model = with_adapters(model, self.lora)
         if self.hparams.activation_checkpointing:
@@ -336,7 +367,42 @@ class SkipLM(L.LightningModule):
             self.load_state_dict(consolidate_checkpoint(ckpt_path, reference=self, weights_only=weights_only))
         else:
             rank_zero_warn(f"no ckpt_path: using the weights of {self.model_name!r} as loaded, not fine-tuned")
-        return ExportRecord(self.model_name, trained_with_schedule=bool(ckpt_path), schedule=self.schedule)
+        return ExportRecord(self.model_name, trained_with_schedule=bool(ckpt_path), schedule=self.schedule,
+                            base_quantization=self.quantization_settings())
+
+    def quantization_settings(self) -> dict[str, Any] | None:
+        """The QLoRA settings the adapters train on, for the run's record (``None``: a full-precision base)."""
+        return None if self.quantization is None else dataclasses.asdict(self.quantization)
+
+    def _quantization_config(self) -> BitsAndBytesConfig | None:
+        """bitsandbytes' load-time config, its ``auto`` compute dtype following the trainer's precision."""
+        if self.quantization is None:
+            return None
+        return self.quantization.config(self.trainer.precision if self._trainer is not None else None)
+
+    # -- state: a QLoRA checkpoint leaves the 4-bit base out -----------------------------------------------------
+    def _quantized_weights(self) -> tuple[str, ...]:
+        return quantized_weight_names(self) if self.quantization is not None and self.model is not None else ()
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """As torch's, without quantized base weights (QLoRA): frozen, they are quantized again from ``model``."""
+        state = super().state_dict(*args, **kwargs)
+        frozen = self._quantized_weights()
+        for key in [k for k in state if is_under(k, frozen)] if frozen else ():
+            del state[key]
+        return state
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """As torch's; quantized base weights, which :meth:`state_dict` leaves out, may be missing."""
+        frozen = self._quantized_weights()
+        if not frozen:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        result.missing_keys[:] = [k for k in result.missing_keys if not is_under(k, frozen)]
+        if strict and (result.missing_keys or result.unexpected_keys):
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}: missing keys "
+                               f"{result.missing_keys}, unexpected keys {result.unexpected_keys}")
+        return result
 
     def get_tokenizer(self):
         if self.tokenizer is None:

@@ -68,7 +68,8 @@ def run_record(
 def fit_record(trainer: L.Trainer, module: SkipLM) -> ExportRecord:
     """The record of a run that just finished fitting: its log dir's config, its last validation metrics."""
     datamodule = getattr(trainer, "datamodule", None)
-    weights = ExportRecord(module.model_name, trained_with_schedule=trainer.global_step > 0, schedule=module.schedule)
+    weights = ExportRecord(module.model_name, trained_with_schedule=trainer.global_step > 0, schedule=module.schedule,
+                           base_quantization=module.quantization_settings())
     return run_record(
         weights,
         task=getattr(datamodule, "task", None),
