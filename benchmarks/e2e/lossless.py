@@ -1,8 +1,8 @@
 """Lossless mode evidence on E2E: exactness, acceptance and speed of speculative decoding against full depth.
 
-    python benchmarks/e2e/lossless.py exactness --checkpoint CKPT --draft-schedule S.yaml --batch 8 --draft-tokens 4 \
+    python -m benchmarks.e2e.lossless exactness --checkpoint CKPT --draft-schedule S.yaml --batch 8 --draft-tokens 4 \
         --out benchmarks/results/e2e/lossless/NAME.json
-    python benchmarks/e2e/lossless.py timing --checkpoint CKPT --draft-schedule S.yaml --batch 1 --mrs 8 \
+    python -m benchmarks.e2e.lossless timing --checkpoint CKPT --draft-schedule S.yaml --batch 1 --mrs 8 \
         --draft-tokens 2 4 6 --out ...
 
 ``exactness`` decodes the MRs of ``--data`` greedily at full depth (``generate`` with every layer) and with
@@ -26,12 +26,14 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import load_model, study_config, test_prompts
 from skiptrain import Dense, generate
 from skiptrain.export.custom_generate import SpeculationStats, speedup_bound
+from skiptrain.frontends.inference import prompt_batches
 from skiptrain.frontends.speculative import speculative_generate
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from score import BASE_MODEL, TEST_FILE, load_model, load_tokenizer, schedule_family, test_batches  # noqa: E402
+TRAIN_BASE = "benchmarks/e2e/train_base.yaml"
+TEST_FILE = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
 
 NEAR_TIE = 1e-4
 
@@ -89,7 +91,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["exactness", "timing"])
     parser.add_argument("--checkpoint", default=None, help="a fit run's last.ckpt (default: the base model)")
-    parser.add_argument("--draft-schedule", type=Path, required=True)
+    parser.add_argument("--config", default=TRAIN_BASE, help="the study's training config (model, prompt format)")
+    parser.add_argument("--draft-schedule", type=Path, required=True, help="a config fragment with model.schedule")
     parser.add_argument("--data", default=TEST_FILE)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--mrs", type=int, default=None, help="first N MRs only")
@@ -101,19 +104,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    model = load_model(args.checkpoint)
-    tokenizer = load_tokenizer(BASE_MODEL)
+    cli = study_config([args.config, str(args.draft_schedule)], args.data)
+    model = load_model(cli, args.checkpoint)
+    tokenizer = cli.datamodule.tokenizer
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     num_layers = model.config.num_hidden_layers
-    draft = schedule_family(args.draft_schedule).build(num_layers)
+    draft = cli.model.schedule_family.build(num_layers)
     dense = Dense().build(num_layers)
-    batches = test_batches(args.data, batch_size=args.batch)
-    if args.mrs is not None:
-        rows = 0
-        batches = [b for b in batches if (rows := rows + len(b["prompt_input_ids"])) <= args.mrs]
+    prompts = test_prompts(cli)[1][: args.mrs]
+    batches = list(prompt_batches(tokenizer, prompts, args.batch))
     decode(model, batches[:1], dense, 2, eos, pad)  # warm-up
     result = {
-        "command": "python benchmarks/e2e/lossless.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.e2e.lossless " + " ".join(sys.argv[1:]),
         "machine": "2-core Intel Xeon (AVX512-BF16), shared with other jobs; torch " + torch.__version__,
         "precision": "fp32", "threads": args.threads, "checkpoint": args.checkpoint or "base (no fine-tuning)",
         "draft_schedule": {"file": str(args.draft_schedule), "family": draft.family, "params": draft.params,
