@@ -294,6 +294,7 @@ tags:
 - Task: {record.task or NOT_RECORDED}
 - Weights: {weights}
 - Skip schedule: `{schedule.family}` {json.dumps(schedule.params)}, {trained}
+- Weights from: {record.checkpoint.describe() if record.checkpoint else NOT_RECORDED}
 - Decoder-layer cost over the schedule's span: {cost_summary(schedule, [schedule.span])}; the ideal speedup is
   decoder layers / mean executed decoder layers per generated token
 - Produced by {record.producer}

@@ -5,17 +5,19 @@ One typed record is written by :func:`~skiptrain.export.write_export`, read back
 over the export's files, whose formats are the export contract:
 
 - ``skip_schedule.json``: the schedule (:meth:`~skiptrain.schedules.SkipSchedule.to_dict`) plus ``producer``,
-  ``trained_with_schedule`` and ``base_model`` (:meth:`ExportRecord.schedule_json`);
+  ``trained_with_schedule``, ``base_model`` and, when known, ``checkpoint`` (:class:`ExportedCheckpoint`)
+  (:meth:`ExportRecord.schedule_json`);
 - ``training_config.yaml``: :attr:`ExportRecord.training_config`;
 - ``README.md``: all of it, for people (task and validation metrics are written there only).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, Literal
 
 from skiptrain.schedules import SkipSchedule
 
@@ -28,6 +30,47 @@ def producer() -> str:
         return f"skiptrain {version('skiptrain')}"
     except PackageNotFoundError:  # running from a source tree that is not installed
         return "skiptrain unknown"
+
+
+Which = Literal["best", "last"]
+"""Which weights of a fit run are exported: the checkpoint ``ModelCheckpoint(monitor=...)`` chose, or the last."""
+
+
+@dataclass(frozen=True)
+class ExportedCheckpoint:
+    """Which weights of a run an export holds.
+
+    Args:
+        which: ``best``: the checkpoint ``ModelCheckpoint`` kept as best by ``monitor``; ``last``: the weights fit
+            ended with.
+        step: The optimizer step of those weights.
+        monitor: The monitored metric (``best`` only).
+        score: Its value at ``step`` (``best`` only).
+    """
+
+    which: Which
+    step: int
+    monitor: str | None = None
+    score: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``checkpoint`` object of ``skip_schedule.json``."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ExportedCheckpoint | None:
+        """The inverse of :meth:`to_dict`; ``None`` for an export that does not record it."""
+        if not isinstance(data, Mapping) or data.get("which") not in ("best", "last"):
+            return None
+        score = data.get("score")
+        return cls(data["which"], int(data.get("step") or 0), data.get("monitor"),
+                   None if score is None else float(score))
+
+    def describe(self) -> str:
+        """One line for the model card."""
+        if self.which == "best":
+            return f"the best checkpoint by `{self.monitor}` ({self.score:.4g}), at step {self.step}"
+        return f"the last weights of the run, at step {self.step}"
 
 
 @dataclass(frozen=True)
@@ -45,6 +88,7 @@ class ExportRecord:
         schedule: The skip schedule; ``None`` until the record is attached to an export (``write_export`` sets
             it to the schedule it writes).
         producer: The skiptrain that wrote the export (``write_export`` sets it to this one).
+        checkpoint: Which weights of the run were exported, when a fit run is known.
     """
 
     base_model: str | None
@@ -55,14 +99,16 @@ class ExportRecord:
     metrics_source: str = NOT_RECORDED
     schedule: SkipSchedule | None = None
     producer: str | None = field(default_factory=producer)
+    checkpoint: ExportedCheckpoint | None = None
 
     def schedule_json(self) -> str:
         """The text of ``skip_schedule.json``: the schedule's keys, then ``producer``, ``trained_with_schedule``
         and ``base_model``."""
         if self.schedule is None:
             raise ValueError("schedule=None is invalid for skip_schedule.json: allowed a SkipSchedule")
+        extra = {} if self.checkpoint is None else {"checkpoint": self.checkpoint.to_dict()}
         return self.schedule.to_json(producer=self.producer, trained_with_schedule=self.trained_with_schedule,
-                                     base_model=self.base_model)
+                                     base_model=self.base_model, **extra)
 
     @classmethod
     def from_schedule_file(
@@ -78,7 +124,8 @@ class ExportRecord:
             training_config=training_config,
             schedule=schedule,
             producer=data.get("producer"),
+            checkpoint=ExportedCheckpoint.from_dict(data.get("checkpoint")),
         )
 
 
-__all__ = ["NOT_RECORDED", "ExportRecord", "producer"]
+__all__ = ["NOT_RECORDED", "ExportRecord", "ExportedCheckpoint", "Which", "producer"]

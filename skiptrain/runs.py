@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from skiptrain.checkpoints import checkpoint_metadata, consolidate_checkpoint
 from skiptrain.export import ExportUsageError, export_module, is_export, load_exported
 from skiptrain.output_dir import check_output_dir
-from skiptrain.record import NOT_RECORDED, ExportRecord
+from skiptrain.record import NOT_RECORDED, ExportedCheckpoint, ExportRecord
 
 if TYPE_CHECKING:
     import lightning as L
@@ -100,19 +100,47 @@ def run_record(
                                metrics_source=metrics_source)
 
 
-def fit_record(trainer: L.Trainer, module: SkipLM) -> ExportRecord:
-    """The record of a run that just finished fitting: its log dir's config, its last validation metrics."""
+def best_checkpoint(trainer: L.Trainer) -> tuple[str, ExportedCheckpoint] | None:
+    """The checkpoint that a ``ModelCheckpoint(monitor=...)`` of this fit kept as best, or ``None`` when none did."""
+    for callback in trainer.checkpoint_callbacks:
+        if getattr(callback, "monitor", None) and callback.best_model_path and callback.best_model_score is not None:
+            step = int(checkpoint_metadata(callback.best_model_path).get("global_step") or 0)
+            chosen = ExportedCheckpoint("best", step, callback.monitor, float(callback.best_model_score))
+            return callback.best_model_path, chosen
+    return None
+
+
+def fit_record(trainer: L.Trainer, module: SkipLM, best: tuple[str, ExportedCheckpoint] | None = None
+               ) -> ExportRecord:
+    """The record of a run that just finished fitting: its log dir's config and validation metrics.
+
+    Args:
+        trainer: The trainer that ran fit.
+        module: The fitted module.
+        best: The best checkpoint (:func:`best_checkpoint`) when that is what is exported: the metrics are then
+            those logged up to its step. Otherwise the weights are the last, with the last validation's metrics.
+    """
     datamodule = getattr(trainer, "datamodule", None)
     weights = ExportRecord(module.model_name, trained_with_schedule=trainer.global_step > 0, schedule=module.schedule)
-    return run_record(
+    if best is None:
+        checkpoint = ExportedCheckpoint("last", trainer.global_step)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(VALIDATION_PREFIX)}
+        source = "the run's last validation (trainer.callback_metrics at the end of fit)"
+    else:
+        for logger in trainer.loggers:
+            logger.save()  # metrics.csv up to date before it is read
+        path, checkpoint = best
+        metrics, source = validation_metrics_from_checkpoint(path, checkpoint_metadata(path))
+    record = run_record(
         weights,
         task=getattr(datamodule, "task", None),
         config_file=Path(trainer.log_dir or trainer.default_root_dir) / RUN_CONFIG_FILE,
         model_hparams=module.hparams,
         data_hparams=datamodule.hparams if datamodule is not None else None,
-        metrics={k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(VALIDATION_PREFIX)},
-        metrics_source="the run's last validation (trainer.callback_metrics at the end of fit)",
+        metrics=metrics,
+        metrics_source=source,
     )
+    return dataclasses.replace(record, checkpoint=checkpoint)
 
 
 def checkpoint_record(
@@ -243,6 +271,7 @@ def hyperparameters_yaml(model_hparams: Mapping[str, Any], data_hparams: Mapping
 __all__ = [
     "RUN_CONFIG_FILE",
     "RUN_METRICS_FILE",
+    "best_checkpoint",
     "checkpoint_record",
     "export_checkpoint",
     "find_run_file",
