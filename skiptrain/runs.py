@@ -163,7 +163,7 @@ def checkpoint_record(
     metadata = checkpoint_metadata(ckpt_path, weights_only)
     stored_data = metadata.get("datamodule_hyper_parameters") or {}
     metrics, source = validation_metrics_from_checkpoint(ckpt_path, metadata)
-    return run_record(
+    record = run_record(
         weights,
         task=task or stored_data.get("task"),
         config_file=find_run_file(ckpt_path, RUN_CONFIG_FILE),
@@ -172,6 +172,20 @@ def checkpoint_record(
         metrics=metrics,
         metrics_source=source,
     )
+    return dataclasses.replace(record, checkpoint=exported_checkpoint(ckpt_path, metadata))
+
+
+def exported_checkpoint(ckpt_path: str | os.PathLike, metadata: Mapping[str, Any]) -> ExportedCheckpoint:
+    """Which weights of its run a checkpoint holds: ``best`` when its ``ModelCheckpoint`` state names it as the best
+    by a monitored metric, else ``last`` (the weights at its step)."""
+    step = int(metadata.get("global_step") or 0)
+    for name, state in (metadata.get("callbacks") or {}).items():
+        if not (str(name).startswith("ModelCheckpoint") and isinstance(state, Mapping)):
+            continue
+        best, score = state.get("best_model_path"), state.get("best_model_score")
+        if state.get("monitor") and best and score is not None and Path(best).resolve() == Path(ckpt_path).resolve():
+            return ExportedCheckpoint("best", step, str(state["monitor"]), float(score))
+    return ExportedCheckpoint("last", step)
 
 
 def export_checkpoint(

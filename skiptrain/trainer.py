@@ -44,6 +44,7 @@ from skiptrain.data import SkipDataModule
 from skiptrain.errors import DataError, InputError, UsageError
 from skiptrain.evaluation import evaluate_against_dense
 from skiptrain.generation import SamplingConfig
+from skiptrain.hub import check_can_push, push_export
 from skiptrain.inference import (
     STDIO,
     GenerationReport,
@@ -78,6 +79,8 @@ class SkipTrainer(L.Trainer):
         output_dir: str,
         adapter_only: bool = False,
         overwrite: bool = False,
+        push_to_hub: str | None = None,
+        hub_private: bool | None = None,
     ) -> Path:
         """Export a checkpoint for inference: a Hugging Face model directory plus skip_schedule.json.
 
@@ -92,12 +95,21 @@ class SkipTrainer(L.Trainer):
             adapter_only: Save only the LoRA adapter (plus ``skip_schedule.json`` naming the base model) instead of
                 merged weights.
             overwrite: Replace a non-empty ``output_dir`` (only once the new export is complete and checked).
+            push_to_hub: Also upload the export to this Hub model repository (``user/model``), created when absent,
+                with huggingface_hub's own upload and credentials; refused offline before anything is written.
+            hub_private: Visibility of a repository that ``push_to_hub`` creates (default: the Hub's).
 
         Returns:
             The export directory. A module whose model was built here has its LoRA adapters merged in place.
         """
-        return export_checkpoint(model, output_dir, ckpt_path, datamodule, weights_only, adapter_only=adapter_only,
-                                 overwrite=overwrite)
+        if push_to_hub is not None:
+            check_can_push(push_to_hub)
+        directory = export_checkpoint(model, output_dir, ckpt_path, datamodule, weights_only,
+                                      adapter_only=adapter_only, overwrite=overwrite)
+        if push_to_hub is not None:
+            commit = push_export(directory, push_to_hub, hub_private)
+            rank_zero_info(f"skiptrain: uploaded {directory} to the Hub: {commit}")
+        return directory
 
     def generate(
         self,
