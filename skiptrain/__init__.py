@@ -36,6 +36,9 @@ _LAZY: dict[str, str] = {
     "ExportError": "skiptrain.export",
     "ExportedModel": "skiptrain.export",
     "load_exported": "skiptrain.export",
+    "PairCollator": "skiptrain.integration",
+    "skip_aware": "skiptrain.integration",
+    "skip_loss": "skiptrain.integration",
 }
 
 __all__ = [  # a literal list, so linters and type checkers see the public names
@@ -44,6 +47,7 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
     "ExportedModel",
     "GenerationOutput",
     "Hierarchical",
+    "PairCollator",
     "Ranked",
     "SamplingConfig",
     "ScheduleError",
@@ -54,8 +58,10 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
     "generate",
     "load_exported",
     "position_ids_from_mask",
+    "skip_aware",
     "skip_forward",
     "skip_hidden_states",
+    "skip_loss",
     "skipdecode_for_speedup",
 ]
 
@@ -63,6 +69,7 @@ if TYPE_CHECKING:
     from skiptrain.export import ExportedModel, ExportError, load_exported
     from skiptrain.forward import position_ids_from_mask, skip_forward, skip_hidden_states
     from skiptrain.generation import GenerationOutput, SamplingConfig, generate
+    from skiptrain.integration import PairCollator, skip_aware, skip_loss
     from skiptrain.schedules import (
         Dense,
         Hierarchical,

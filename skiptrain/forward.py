@@ -8,11 +8,13 @@ KV-cached decoding (a chunk of new columns per call), which is why the two agree
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from skiptrain.batch import IGNORE_INDEX
 from skiptrain.families import DecoderParts, decoder_parts
 from skiptrain.schedules import SkipSchedule
 
@@ -143,3 +145,18 @@ def skip_forward(
     parts = decoder_parts(model)
     hidden = skip_hidden_states(model, input_ids, attention_mask, schedule, prompt_length, cache, parts)
     return parts.lm_head(hidden)
+
+
+def skip_target_logits(model: nn.Module, batch: Mapping[str, Any], schedule: SkipSchedule
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 logits ``[N, vocab]`` at the columns that predict a labelled token of a batch, and its labels ``[N]``.
+
+    ``batch`` has the layout of :func:`skiptrain.batch.collate` (``input_ids``, ``attention_mask``, ``labels``,
+    ``prompt_length``). The LM head runs on those columns only. This is what every training loss is computed from.
+    """
+    parts = decoder_parts(model)
+    targets = batch["labels"][:, 1:]  # token at column c + 1 is predicted at column c
+    selected = targets != IGNORE_INDEX
+    hidden = skip_hidden_states(model, batch["input_ids"], batch["attention_mask"], schedule,
+                                batch["prompt_length"], parts=parts)[:, :-1][selected]  # [N, H]
+    return parts.lm_head(hidden).float(), targets[selected]

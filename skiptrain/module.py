@@ -27,7 +27,7 @@ from skiptrain.batch import IGNORE_INDEX
 from skiptrain.errors import UsageError
 from skiptrain.export import is_export
 from skiptrain.families import LORA_TARGETS, decoder_parts
-from skiptrain.forward import skip_hidden_states
+from skiptrain.forward import skip_target_logits
 from skiptrain.generation import SamplingConfig, generate
 from skiptrain.losses import distillation_kl, target_cross_entropy
 from skiptrain.models import load_causal_lm, load_config, load_tokenizer
@@ -301,23 +301,11 @@ class SkipLM(L.LightningModule):
         return self.tokenizer
 
     # -- losses --------------------------------------------------------------------------------------------------
-    def _hidden(self, batch: dict[str, Any], schedule: SkipSchedule, model: torch.nn.Module | None = None
-                ) -> torch.Tensor:
-        return skip_hidden_states(
-            model or self.model, batch["input_ids"], batch["attention_mask"], schedule, batch["prompt_length"]
-        )  # [B, S, H]
-
     def target_logits(self, batch: dict[str, Any], schedule: SkipSchedule, model: torch.nn.Module | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits ``[N, vocab]`` at the columns that predict a labelled token, and those labels ``[N]``.
-
-        The LM head runs on those columns only. ``model`` defaults to the model being trained.
-        """
-        model = model or self.model
-        targets = batch["labels"][:, 1:]  # token at column c + 1 is predicted at column c
-        selected = targets != IGNORE_INDEX
-        hidden = self._hidden(batch, schedule, model)[:, :-1][selected]  # [N, H]
-        return decoder_parts(model).lm_head(hidden).float(), targets[selected]
+        """Logits ``[N, vocab]`` at the columns that predict a labelled token, and those labels ``[N]``
+        (:func:`~skiptrain.forward.skip_target_logits`). ``model`` defaults to the model being trained."""
+        return skip_target_logits(model or self.model, batch, schedule)
 
     def teacher_logits(self, batch: dict[str, Any]) -> torch.Tensor:
         """The distillation teacher's target logits: the configured teacher at full depth, without gradient."""
