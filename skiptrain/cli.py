@@ -36,6 +36,7 @@ from skiptrain.models import context_length
 from skiptrain.module import SkipLM, accept_schedule_families
 from skiptrain.preemption import PreemptionCheckpoint
 from skiptrain.progress import ProgressBar
+from skiptrain.prompt_format import PromptFormatError
 from skiptrain.runs import RUN_CONFIG_FILE
 from skiptrain.strategies import release_process_group
 from skiptrain.trainer import SkipTrainer
@@ -181,7 +182,7 @@ def error_line(subcommand: str, error: BaseException) -> str:
 
 def exit_code(error: BaseException) -> int:
     """2 for a usage error (an option or combination of options), 1 for an unusable input file."""
-    return error.exit_code if isinstance(error, SkiptrainError) else UsageError.exit_code
+    return getattr(error, "exit_code", UsageError.exit_code)
 
 
 def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
@@ -213,7 +214,7 @@ def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
         raise SystemExit(exit_code(user_error)) from None
 
 
-USER_ERRORS = (SkiptrainError, MisconfigurationException, ArgumentError)
+USER_ERRORS = (SkiptrainError, PromptFormatError, MisconfigurationException, ArgumentError)
 """Exceptions that report a mistake in the user's input; any other is a bug."""
 
 

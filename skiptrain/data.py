@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
@@ -30,7 +32,8 @@ from skiptrain.builtin_task import build_builtin_dataset
 from skiptrain.encoding import encode_pairs, group_into_blocks
 from skiptrain.errors import DataError, UsageError
 from skiptrain.models import load_tokenizer, prepare_tokenizer
-from skiptrain.tasks import MetricKind, TaskSpec, get_task_spec, validate_template
+from skiptrain.prompt_format import PromptFormat, PromptFormatError
+from skiptrain.tasks import TASKS, MetricKind, TaskSpec, get_task_spec, validate_template
 
 
 class MissingSplitError(DataError, KeyError):
@@ -128,6 +131,21 @@ def resolve_columns(
     )
 
 
+def resolve_field_columns(found: Sequence[str], fields: Sequence[str], origin: str, source: str | None
+                          ) -> dict[str, str]:
+    """The data column of each template field: ``source`` for ``{source}``, the column of that name otherwise.
+
+    Raises:
+        DataError: naming ``origin``, every field whose column is missing, and the columns found.
+    """
+    columns = {name: source if name == SOURCE and source else name for name in fields}
+    missing = [name for name, column in columns.items() if column not in found]
+    if missing:
+        raise DataError(f"{origin}: the prompt template names column(s) {missing} that the data lacks; columns found: "
+                        f"{list(found)}. Name existing columns in data.prompt_template")
+    return columns
+
+
 def group_references(sources: Sequence[str], targets: Sequence[str]) -> tuple[list[str], list[list[str]]]:
     """Group (source, reference) pairs by source, for multi-reference evaluation (E2E).
 
@@ -152,20 +170,27 @@ def group_references(sources: Sequence[str], targets: Sequence[str]) -> tuple[li
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _normalise_batch(batch: dict[str, list[Any]], src: str, tgt: str | None, strip: bool) -> dict[str, list[str]]:
+def _normalise_batch(batch: dict[str, list[Any]], src: str, tgt: str | None, strip: bool,
+                     fields: Mapping[str, str] | None = None) -> dict[str, list[str]]:
     def as_text(value: Any) -> str:
         if value is None:
             return ""
         return str(value).strip() if strip else str(value)
 
-    out = {SOURCE: [as_text(v) for v in batch[src]]}
+    if fields:  # a template of several fields: the source is their values, as a JSON object
+        rows = range(len(batch[tgt]))
+        out = {SOURCE: [json.dumps({name: as_text(batch[column][i]) for name, column in fields.items()},
+                                   ensure_ascii=False) for i in rows]}
+    else:
+        out = {SOURCE: [as_text(v) for v in batch[src]]}
     if tgt is not None:
         out[TARGET] = [as_text(v) for v in batch[tgt]]
     return out
 
 
 def normalise_columns(
-    dataset: datasets.Dataset, src: str, tgt: str | None, origin: str, split: str
+    dataset: datasets.Dataset, src: str, tgt: str | None, origin: str, split: str,
+    fields: Mapping[str, str] | None = None,
 ) -> datasets.Dataset:
     """Map a raw split to canonical ``source``(/``target``) string columns and drop empty rows (logged).
 
@@ -176,6 +201,8 @@ def normalise_columns(
             whitespace such as blank lines is kept because it is part of the text stream).
         origin: Where the data came from, for messages.
         split: Split name, for messages.
+        fields: Template field -> data column, for a template of several fields: the source is then the JSON
+            object of their values (what :meth:`~skiptrain.prompt_format.PromptFormat.values` reads).
 
     Returns:
         A dataset with columns ``source`` (and ``target``).
@@ -187,7 +214,7 @@ def normalise_columns(
     dataset = dataset.map(
         _normalise_batch,
         batched=True,
-        fn_kwargs={"src": src, "tgt": tgt, "strip": not lm},
+        fn_kwargs={"src": src, "tgt": tgt, "strip": not lm, "fields": dict(fields or {})},
         remove_columns=dataset.column_names,
         desc=f"normalise {split}",
     )
@@ -220,7 +247,8 @@ def group_dataset_references(dataset: datasets.Dataset) -> datasets.Dataset:
 
 
 def _tokenize_pairs_batch(
-    batch: dict[str, list[Any]], tokenizer: Any, template: str, max_source_tokens: int, max_target_tokens: int
+    batch: dict[str, list[Any]], tokenizer: Any, template: str | PromptFormat, max_source_tokens: int,
+    max_target_tokens: int,
 ) -> dict[str, list[list[int]]]:
     prompt_ids, target_ids = encode_pairs(
         tokenizer, template, batch[SOURCE], batch[TARGET], max_source_tokens, max_target_tokens
@@ -237,7 +265,7 @@ def _tokenize_blocks_batch(batch: dict[str, list[Any]], tokenizer: Any, block_si
 def tokenize_pairs(
     dataset: datasets.Dataset,
     tokenizer: Any,
-    template: str,
+    template: str | PromptFormat,
     max_source_tokens: int,
     max_target_tokens: int,
     keep_text: bool,
@@ -360,6 +388,34 @@ def load_split(
     return dataset, origin
 
 
+def prompt_format_of(
+    spec: TaskSpec, prompt_template: str | None, chat_template: bool = False, system_message: str | None = None,
+    max_source_tokens: int | None = None,
+) -> PromptFormat | None:
+    """The prompt format of a task configured with these data options (``None`` for plain language modelling).
+
+    Raises:
+        UsageError: naming the option, for a template without fields or with a repeated one, or a system message
+            without the chat template.
+    """
+    if spec.is_language_modeling:
+        return None
+    template = validate_template(prompt_template if prompt_template is not None else spec.prompt_template or "")
+    try:
+        return PromptFormat(template, chat_template, system_message, max_source_tokens)
+    except PromptFormatError as err:
+        raise UsageError(str(err)) from err
+
+
+def stored_prompt_format(data_hparams: Mapping[str, Any] | None) -> PromptFormat | None:
+    """The prompt format of a run from its data module's stored hyperparameters (``None`` when unknown)."""
+    if not data_hparams or data_hparams.get("task") not in TASKS:
+        return None
+    return prompt_format_of(get_task_spec(data_hparams["task"]), data_hparams.get("prompt_template"),
+                            bool(data_hparams.get("chat_template")), data_hparams.get("system_message"),
+                            data_hparams.get("max_source_tokens"))
+
+
 # --------------------------------------------------------------------------------------------------------------
 # LightningDataModule
 # --------------------------------------------------------------------------------------------------------------
@@ -414,6 +470,8 @@ class SkipDataModule(L.LightningDataModule):
         source_column: str | None = None,
         target_column: str | None = None,
         prompt_template: str | None = None,
+        chat_template: bool = False,
+        system_message: str | None = None,
         max_source_tokens: int = 768,
         max_target_tokens: int = 128,
         block_size: int = 512,
@@ -442,7 +500,11 @@ class SkipDataModule(L.LightningDataModule):
             dataset_config: Dataset config name overriding the task default.
             source_column: Column with the source (or the text for ``text``); ``None`` = task default.
             target_column: Column with the target; ``None`` = task default.
-            prompt_template: Prompt with one ``{source}`` placeholder; ``None`` = task default.
+            prompt_template: Prompt with ``{source}`` (the source column) and/or ``{column}`` placeholders naming
+                other data columns, each once; ``None`` = task default.
+            chat_template: Make each prompt with the tokenizer's own ``apply_chat_template``: the filled template is
+                the user message, the generation prompt follows; targets are still the only labelled tokens.
+            system_message: A system message before the user message (with ``chat_template``).
             max_source_tokens: Maximum prompt length in tokens; the source is trimmed, never the template.
             max_target_tokens: Maximum target tokens (EOS is appended after them).
             block_size: Tokens per training block for the ``text`` task.
@@ -467,8 +529,8 @@ class SkipDataModule(L.LightningDataModule):
         ):
             if value < 1:
                 raise UsageError(f"{name} must be >= 1, got {value}")
-        template = prompt_template if prompt_template is not None else self.task_spec.prompt_template
-        self.prompt_template = None if self.task_spec.is_language_modeling else validate_template(template or "")
+        self.prompt_format = prompt_format_of(self.task_spec, prompt_template, chat_template, system_message,
+                                              max_source_tokens)
         self.tokenizer_name = tokenizer
         self.data_files = dict(data_files) if data_files is not None else None
         self.dataset_id = dataset_id or self.task_spec.dataset_id
@@ -503,6 +565,17 @@ class SkipDataModule(L.LightningDataModule):
     def task(self) -> str:
         """Task name."""
         return self.task_spec.name
+
+    @property
+    def prompt_template(self) -> str | None:
+        """The prompt template (``None`` for plain language modelling)."""
+        return None if self.prompt_format is None else self.prompt_format.template
+
+    def use_prompt_format(self, prompt_format: PromptFormat) -> None:
+        """Make prompts with ``prompt_format`` (e.g. the one an export records); clears already tokenised splits."""
+        self.prompt_format = dataclasses.replace(prompt_format, max_source_tokens=self.max_source_tokens)
+        self.datasets = {}
+        self._missing = set()
 
     @property
     def metric(self) -> MetricKind | None:
@@ -628,10 +701,17 @@ class SkipDataModule(L.LightningDataModule):
     def _build(self, role: Role) -> datasets.Dataset:
         split = self.split_names[role]
         raw, origin = load_split(split, self.data_files, self.dataset_id, self.dataset_config, seed=self.seed)
-        src, tgt = resolve_columns(
-            raw.column_names, self.task_spec, f"{origin} split {split!r}", self.source_column, self.target_column
-        )
-        data = normalise_columns(raw, src, tgt, origin, split)
+        where = f"{origin} split {split!r}"
+        fields = self.prompt_format.fields if self.prompt_format is not None else (SOURCE,)
+        if fields == (SOURCE,):
+            src, tgt = resolve_columns(raw.column_names, self.task_spec, where, self.source_column, self.target_column)
+            columns = None
+        else:
+            source = self.source_column or self.task_spec.source_column
+            src, tgt = resolve_columns(raw.column_names, self.task_spec, where,
+                                       source if SOURCE in fields else fields[0], self.target_column)
+            columns = resolve_field_columns(raw.column_names, fields, where, src)
+        data = normalise_columns(raw, src, tgt, origin, split, columns)
         tokenizer = self.tokenizer
         if self.task_spec.is_language_modeling:
             data = tokenize_blocks(data, tokenizer, self.block_size)
@@ -642,13 +722,13 @@ class SkipDataModule(L.LightningDataModule):
         if role == "train":
             data = self._subsample(data, self.max_train_samples, random=True)
             return tokenize_pairs(
-                data, tokenizer, self.prompt_template, self.max_source_tokens, self.max_target_tokens, keep_text=False
+                data, tokenizer, self.prompt_format, self.max_source_tokens, self.max_target_tokens, keep_text=False
             )
         if self.task_spec.multi_reference:
             data = group_dataset_references(data)
         data = self._subsample(data, self.max_eval_samples, random=False)
         return tokenize_pairs(
-            data, tokenizer, self.prompt_template, self.max_source_tokens, self.max_target_tokens, keep_text=True
+            data, tokenizer, self.prompt_format, self.max_source_tokens, self.max_target_tokens, keep_text=True
         )
 
     def _subsample(self, data: datasets.Dataset, limit: int | None, random: bool) -> datasets.Dataset:
@@ -667,7 +747,10 @@ __all__ = [
     "infer_builder",
     "load_split",
     "normalise_columns",
+    "prompt_format_of",
     "resolve_columns",
+    "resolve_field_columns",
+    "stored_prompt_format",
     "tokenize_blocks",
     "tokenize_pairs",
 ]

@@ -47,6 +47,7 @@ from skiptrain.errors import InputError, UsageError
 from skiptrain.key_diff import Shapes, diff_keys
 from skiptrain.models import load_causal_lm, load_config, prepare_tokenizer
 from skiptrain.output_dir import check_output_dir, staged_directory
+from skiptrain.prompt_format import PromptFormat
 from skiptrain.record import NOT_RECORDED, ExportRecord, producer
 from skiptrain.schedules import ScheduleError, SkipSchedule
 from skiptrain.speedup import cost_summary
@@ -295,6 +296,7 @@ tags:
 - Weights: {weights}
 - Skip schedule: `{schedule.family}` {json.dumps(schedule.params)}, {trained}
 - Weights from: {record.checkpoint.describe() if record.checkpoint else NOT_RECORDED}
+- Prompt format: {_describe_prompt_format(record.prompt_format)}
 - Decoder-layer cost over the schedule's span: {cost_summary(schedule, [schedule.span])}; the ideal speedup is
   decoder layers / mean executed decoder layers per generated token
 - Produced by {record.producer}
@@ -351,6 +353,16 @@ model, schedule, tokenizer = load_exported("path/to/this/export")
 
 The training configuration is in `{TRAINING_CONFIG_FILE}`.
 """
+
+
+def _describe_prompt_format(prompt_format: PromptFormat | None) -> str:
+    if prompt_format is None:
+        return f"{NOT_RECORDED} (prompts are used as given)"
+    chat = (" inside the tokenizer's chat template" + (" after a system message" if prompt_format.system_message
+                                                       else "")) if prompt_format.chat_template else ""
+    return (f"the template {json.dumps(prompt_format.template)}{chat}, fields {list(prompt_format.fields)}, at most "
+            f"{prompt_format.max_source_tokens} tokens (`prompt_format` in `{SCHEDULE_FILE}`); `skiptrain generate` "
+            "and the custom generate (`sources=`) apply it to bare sources")
 
 
 def _merged_model(model: nn.Module, in_place: bool) -> nn.Module:

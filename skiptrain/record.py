@@ -5,8 +5,8 @@ One typed record is written by :func:`~skiptrain.export.write_export`, read back
 over the export's files, whose formats are the export contract:
 
 - ``skip_schedule.json``: the schedule (:meth:`~skiptrain.schedules.SkipSchedule.to_dict`) plus ``producer``,
-  ``trained_with_schedule``, ``base_model`` and, when known, ``checkpoint`` (:class:`ExportedCheckpoint`)
-  (:meth:`ExportRecord.schedule_json`);
+  ``trained_with_schedule``, ``base_model`` and, when known, ``checkpoint`` (:class:`ExportedCheckpoint`) and
+  ``prompt_format`` (:class:`~skiptrain.prompt_format.PromptFormat`) (:meth:`ExportRecord.schedule_json`);
 - ``training_config.yaml``: :attr:`ExportRecord.training_config`;
 - ``README.md``: all of it, for people (task and validation metrics are written there only).
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
+from skiptrain.prompt_format import PromptFormat
 from skiptrain.schedules import SkipSchedule
 
 NOT_RECORDED = "not recorded"
@@ -89,6 +90,8 @@ class ExportRecord:
             it to the schedule it writes).
         producer: The skiptrain that wrote the export (``write_export`` sets it to this one).
         checkpoint: Which weights of the run were exported, when a fit run is known.
+        prompt_format: How the run made prompts from sources, when it trained on prompt/target pairs: inference
+            front-ends apply it to bare sources.
     """
 
     base_model: str | None
@@ -100,13 +103,16 @@ class ExportRecord:
     schedule: SkipSchedule | None = None
     producer: str | None = field(default_factory=producer)
     checkpoint: ExportedCheckpoint | None = None
+    prompt_format: PromptFormat | None = None
 
     def schedule_json(self) -> str:
         """The text of ``skip_schedule.json``: the schedule's keys, then ``producer``, ``trained_with_schedule``
         and ``base_model``."""
         if self.schedule is None:
             raise ValueError("schedule=None is invalid for skip_schedule.json: allowed a SkipSchedule")
-        extra = {} if self.checkpoint is None else {"checkpoint": self.checkpoint.to_dict()}
+        extra: dict[str, Any] = {} if self.checkpoint is None else {"checkpoint": self.checkpoint.to_dict()}
+        if self.prompt_format is not None:
+            extra["prompt_format"] = self.prompt_format.to_dict()
         return self.schedule.to_json(producer=self.producer, trained_with_schedule=self.trained_with_schedule,
                                      base_model=self.base_model, **extra)
 
@@ -125,6 +131,7 @@ class ExportRecord:
             schedule=schedule,
             producer=data.get("producer"),
             checkpoint=ExportedCheckpoint.from_dict(data.get("checkpoint")),
+            prompt_format=PromptFormat.from_dict(data["prompt_format"]) if data.get("prompt_format") else None,
         )
 
 

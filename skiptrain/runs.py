@@ -19,6 +19,7 @@ import yaml
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from skiptrain.checkpoints import checkpoint_metadata, consolidate_checkpoint
+from skiptrain.data import stored_prompt_format
 from skiptrain.export import ExportUsageError, export_module, is_export, load_exported
 from skiptrain.output_dir import check_output_dir
 from skiptrain.record import NOT_RECORDED, ExportedCheckpoint, ExportRecord
@@ -140,7 +141,8 @@ def fit_record(trainer: L.Trainer, module: SkipLM, best: tuple[str, ExportedChec
         metrics=metrics,
         metrics_source=source,
     )
-    return dataclasses.replace(record, checkpoint=checkpoint)
+    prompt_format = datamodule.prompt_format if datamodule is not None else None
+    return dataclasses.replace(record, checkpoint=checkpoint, prompt_format=prompt_format)
 
 
 def checkpoint_record(
@@ -157,9 +159,11 @@ def checkpoint_record(
     """
     data_hparams = dict(datamodule.hparams) if datamodule is not None else None
     task = datamodule.task if datamodule is not None else None
+    prompt_format = datamodule.prompt_format if datamodule is not None else weights.prompt_format
     if not ckpt_path:
-        return run_record(weights, task=task, config_file=None, model_hparams=module.hparams,
-                          data_hparams=data_hparams)
+        record = run_record(weights, task=task, config_file=None, model_hparams=module.hparams,
+                            data_hparams=data_hparams)
+        return dataclasses.replace(record, prompt_format=prompt_format)
     metadata = checkpoint_metadata(ckpt_path, weights_only)
     stored_data = metadata.get("datamodule_hyper_parameters") or {}
     metrics, source = validation_metrics_from_checkpoint(ckpt_path, metadata)
@@ -172,7 +176,8 @@ def checkpoint_record(
         metrics=metrics,
         metrics_source=source,
     )
-    return dataclasses.replace(record, checkpoint=exported_checkpoint(ckpt_path, metadata))
+    return dataclasses.replace(record, checkpoint=exported_checkpoint(ckpt_path, metadata),
+                               prompt_format=prompt_format or stored_prompt_format(stored_data))
 
 
 def exported_checkpoint(ckpt_path: str | os.PathLike, metadata: Mapping[str, Any]) -> ExportedCheckpoint:
