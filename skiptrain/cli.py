@@ -139,7 +139,7 @@ class SkipCLI(LightningCLI):
         created = _absent(Path(self.trainer.log_dir)) if self.trainer.log_dir else []
         try:
             super()._run_subcommand(subcommand)
-        except SkiptrainError:
+        except (SkiptrainError, PromptFormatError):
             _remove_if_only_setup_files(created)
             raise
 

@@ -26,7 +26,8 @@ from torch import nn
 from skiptrain.errors import InputError, UsageError
 from skiptrain.export import SCHEDULE_FILE, is_export, read_skip_schedule
 from skiptrain.generation import generate
-from skiptrain.inference import prompt_batches
+from skiptrain.inference import RAW, prompt_batches, prompt_text
+from skiptrain.prompt_format import PromptFormat, Source
 from skiptrain.record import producer
 from skiptrain.schedules import SkipSchedule
 
@@ -46,7 +47,7 @@ def write_vectors(
     model: nn.Module,
     tokenizer: Any,
     schedule: SkipSchedule,
-    prompts: Sequence[str],
+    prompts: Sequence[Source],
     path: str | os.PathLike,
     max_new_tokens: int,
     batch_size: int = 8,
@@ -54,8 +55,12 @@ def write_vectors(
     margin: float = DEFAULT_MARGIN,
     device: torch.device | str = "cpu",
     context: Callable[[], AbstractContextManager] = nullcontext,
+    prompt_format: PromptFormat = RAW,
 ) -> dict[str, Any]:
     """Decode ``prompts`` with the reference decoder and write the test vectors to ``path`` (one JSON object).
+
+    The prompts are made by ``prompt_format`` (an export's recorded format, or raw), so each case's
+    ``prompt_token_ids`` are what training made from that source.
 
     Returns:
         The written object: ``format``, ``version``, ``producer``, ``skip_schedule`` (the schedule's layer lists),
@@ -65,7 +70,7 @@ def write_vectors(
     if top < 1:
         raise UsageError(f"top={top} is invalid: allowed >= 1")
     cases: list[dict[str, Any]] = []
-    for batch in prompt_batches(tokenizer, prompts, batch_size):
+    for batch in prompt_batches(tokenizer, prompts, batch_size, prompt_format):
         ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)
         with context():
             out = generate(model, ids, mask, schedule, max_new_tokens=max_new_tokens,
@@ -75,7 +80,7 @@ def write_vectors(
             case = len(cases)
             cases.append({
                 "id": case,
-                "prompt": prompts[case],
+                "prompt": prompt_text(prompts[case]),
                 "prompt_token_ids": ids[row][mask[row].bool()].tolist(),
                 "token_ids": out.tokens[row].tolist(),
                 "top_logits": [[[t, v] for t, v in zip(tokens, values, strict=True)]

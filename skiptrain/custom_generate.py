@@ -15,6 +15,10 @@ and the number of new columns) and looks up their executed layer set: prompt col
 cache entry (by nesting, no later token runs it). A call whose columns need different sets (chunked verification
 in assisted decoding, or ``use_cache=False`` past the first token when the prompt runs deeper than ``E(0)``)
 cannot be applied layer by layer and is refused, as are unsupported model families and malformed schedules.
+
+``generate(sources=[...], tokenizer=tokenizer)`` takes bare sources instead of ``input_ids``: the export's recorded
+prompt format (``skip_schedule.prompt_format``, applied by the shipped ``prompt_format.py``) makes from each the
+prompt ids that training made, left-padded.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import GenerationMixin
+
+from .prompt_format import PromptFormat, Source
 
 CONFIG_KEY = "skip_schedule"
 FORMAT = "skiptrain.skip_schedule"
@@ -177,17 +183,41 @@ def _prompt(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
     raise SkipScheduleError("generate() under the skip schedule needs the prompt: pass input_ids (or inputs_embeds)")
 
 
-def generate(*args: Any, model: nn.Module, **kwargs: Any) -> Any:
+def encode_sources(model: nn.Module, sources: Sequence[Source], tokenizer: Any) -> dict[str, torch.Tensor]:
+    """Left-padded ``input_ids`` and ``attention_mask`` of bare sources under the export's recorded prompt format.
+
+    Raises:
+        SkipScheduleError: when the export records no prompt format or no tokenizer is given.
+    """
+    recorded = (getattr(model.config, CONFIG_KEY, None) or {}).get("prompt_format")
+    if recorded is None:
+        raise SkipScheduleError(f"sources= needs config.json {CONFIG_KEY}.prompt_format: this export records no "
+                                "prompt format; pass the prompts' input_ids instead")
+    if tokenizer is None:
+        raise SkipScheduleError("sources= needs tokenizer=: the export's tokenizer makes the prompts")
+    rows = PromptFormat.from_dict(recorded).encode(tokenizer, sources)[1]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[pad] * (width - len(row)) + row for row in rows], device=model.device)
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], device=model.device)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def generate(*args: Any, model: nn.Module, sources: Sequence[Source] | None = None, **kwargs: Any) -> Any:
     """transformers' ``generate`` with every decoder layer run only for the columns whose executed set holds it.
 
-    Takes (besides ``model``, which transformers passes by keyword) and returns exactly what
-    ``GenerationMixin.generate`` does. Prompts must be left-padded (every row's prompt ends at the last input
-    column) and decoding must start from an empty cache.
+    Takes (besides ``model``, which transformers passes by keyword, and ``sources``, see :func:`encode_sources`)
+    and returns exactly what ``GenerationMixin.generate`` does. Prompts must be left-padded (every row's prompt
+    ends at the last input column) and decoding must start from an empty cache.
 
     Raises:
         SkipScheduleError: for a malformed schedule, an unsupported family, right padding, a non-empty cache passed
             in, or a forward call whose columns need different layer sets.
     """
+    if sources is not None:
+        if args or any(kwargs.get(name) is not None for name in ("inputs", "input_ids", "inputs_embeds")):
+            raise SkipScheduleError("generate() got sources= and prompt ids: allowed one of them")
+        kwargs.update(encode_sources(model, sources, kwargs.get("tokenizer")))
     prompt = _prompt(args, kwargs)
     mask = kwargs.get("attention_mask")
     if mask is not None and not bool(mask[:, -1].all()):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import json
 import os
 import shutil
@@ -62,6 +63,7 @@ ADAPTER_CONFIG_FILE = "adapter_config.json"
 TRAINING_CONFIG_FILE = "training_config.yaml"
 MODEL_CARD_FILE = "README.md"
 CUSTOM_GENERATE_FILE = "custom_generate/generate.py"
+PROMPT_FORMAT_FILE = "prompt_format.py"  # beside CUSTOM_GENERATE_FILE, which imports it
 UNRECORDED_TRAINING_CONFIG = f"# training config: {NOT_RECORDED}\n"
 
 
@@ -398,11 +400,13 @@ def _write_record(directory: Path, record: ExportRecord, adapter_only: bool) -> 
 
 
 def write_custom_generate(directory: str | os.PathLike) -> Path:
-    """Ship :mod:`skiptrain.custom_generate` as ``custom_generate/generate.py``: transformers' ``generate()`` with
-    ``trust_remote_code=True`` then decodes under the ``config.json`` schedule, without skiptrain installed."""
+    """Ship :mod:`skiptrain.custom_generate` as ``custom_generate/generate.py``, and beside it
+    :mod:`skiptrain.prompt_format` which it imports: transformers' ``generate()`` with ``trust_remote_code=True``
+    then decodes under the ``config.json`` schedule, without skiptrain installed."""
     target = Path(directory) / CUSTOM_GENERATE_FILE
     target.parent.mkdir(exist_ok=True)
     shutil.copyfile(custom_generate.__file__, target)
+    shutil.copyfile(inspect.getfile(PromptFormat), target.parent / PROMPT_FORMAT_FILE)
     return target
 
 

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from skiptrain.checkpoints import checkpoint_metadata, consolidate_checkpoint
+from skiptrain.checkpoints import checkpoint_layout, checkpoint_metadata, consolidate_checkpoint
 from skiptrain.data import stored_prompt_format
-from skiptrain.export import ExportUsageError, export_module, is_export, load_exported
+from skiptrain.export import ExportUsageError, export_module, is_export, load_exported, read_record
 from skiptrain.output_dir import check_output_dir
+from skiptrain.prompt_format import PromptFormat
 from skiptrain.record import NOT_RECORDED, ExportedCheckpoint, ExportRecord
 
 if TYPE_CHECKING:
@@ -217,6 +218,21 @@ def export_checkpoint(
     return export_module(module, output_dir, record, adapter_only=adapter_only, overwrite=overwrite, in_place=fresh)
 
 
+def recorded_prompt_format(
+    module: SkipLM, ckpt_path: str | None, datamodule: SkipDataModule | None = None, weights_only: bool | None = None
+) -> PromptFormat | None:
+    """How the run behind ``module`` made its prompts, read without loading weights: an export's recorded format,
+    else the configured data module's, else the one stored in ``ckpt_path``'s data hyperparameters (``None``: the
+    model records none)."""
+    if module.model is None and is_export(module.model_name):
+        return read_record(module.model_name).prompt_format
+    if datamodule is not None:
+        return datamodule.prompt_format
+    if ckpt_path and checkpoint_layout(ckpt_path) == "file":
+        return stored_prompt_format(checkpoint_metadata(ckpt_path, weights_only).get("datamodule_hyper_parameters"))
+    return None
+
+
 # -- run files -------------------------------------------------------------------------------------------------------
 def find_run_file(ckpt_path: str | os.PathLike, name: str) -> Path | None:
     """A file of the run beside a checkpoint: in its folder or the log dir above it (``.../checkpoints/x.ckpt``)."""
@@ -297,6 +313,7 @@ __all__ = [
     "fit_record",
     "hyperparameters_yaml",
     "load_weights",
+    "recorded_prompt_format",
     "run_record",
     "validation_metrics_from_checkpoint",
     "validation_metrics_from_csv",

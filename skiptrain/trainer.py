@@ -46,6 +46,7 @@ from skiptrain.evaluation import evaluate_against_dense
 from skiptrain.generation import SamplingConfig
 from skiptrain.hub import check_can_push, push_export
 from skiptrain.inference import (
+    RAW,
     STDIO,
     GenerationReport,
     LongPrompts,
@@ -57,7 +58,8 @@ from skiptrain.inference import (
 from skiptrain.models import context_length
 from skiptrain.module import SkipLM
 from skiptrain.output_dir import check_output_dir
-from skiptrain.runs import export_checkpoint, load_weights
+from skiptrain.prompt_format import PromptFormat
+from skiptrain.runs import export_checkpoint, load_weights, recorded_prompt_format
 
 
 class SkipTrainer(L.Trainer):
@@ -126,6 +128,7 @@ class SkipTrainer(L.Trainer):
         dense: bool = False,
         compare_dense: bool = False,
         long_prompts: LongPrompts = "refuse",
+        raw_prompts: bool = False,
     ) -> GenerationReport:
         """Generate completions of prompts with batched, KV-cached skip-aware decoding (JSON lines out).
 
@@ -135,8 +138,10 @@ class SkipTrainer(L.Trainer):
             ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
             weights_only: How the checkpoint is unpickled, as in ``fit``: ``null``/``true`` tensors and plain data
                 only, ``false`` any object (trusted checkpoints only).
-            prompts: ``.jsonl`` file with a ``prompt`` field per line, text file with one prompt per line, or ``-``
-                for stdin.
+            prompts: ``.jsonl`` file with a ``prompt`` field per line (or, for a template of several fields, a
+                ``template`` object of their values), text file with one prompt per line, or ``-`` for stdin. Each
+                prompt is the bare source of the run's prompt format, which the model records (an export, or a
+                run's data config or checkpoint) and generate applies as training did.
             output: JSON-lines file for ``{"prompt", "completion", "num_tokens", "token_ids"}``, or ``-`` for stdout
                 (the summary goes to stderr).
             max_new_tokens: Tokens generated per prompt at most (>= 1); default ``model.generation.max_new_tokens``.
@@ -145,24 +150,27 @@ class SkipTrainer(L.Trainer):
             dense: Decode with every layer, ignoring the schedule.
             compare_dense: Also decode the same prompts densely and report the measured speedup.
             long_prompts: A prompt that leaves no room for ``max_new_tokens`` in the model's context length is
-                refused (``refuse``) or cut to its last tokens that fit, with a warning (``truncate``).
+                refused (``refuse``) or shortened with a warning (``truncate``): a raw prompt to its last tokens, a
+                source further trimmed inside the template.
+            raw_prompts: Use each prompt as it is (the whole prompt text), not as a source of the recorded format.
         """
         max_new_tokens = _max_new_tokens(model, max_new_tokens)
-        prompt_texts = read_prompts(prompts)
+        prompt_list = read_prompts(prompts)
+        prompt_format = _prompt_format(model, ckpt_path, datamodule, weights_only, raw_prompts)
         base_config = model.check_model()  # None for an export: its config is known once it is loaded
         if base_config is not None:  # the prompts are checked before the weights load
-            prompt_texts = fit_prompts(model.get_tokenizer(), prompt_texts, context_length(base_config),
-                                       max_new_tokens, long_prompts)
+            prompt_list, prompt_format = fit_prompts(model.get_tokenizer(), prompt_list, context_length(base_config),
+                                                     max_new_tokens, long_prompts, prompt_format)
         load_weights(model, ckpt_path, weights_only)
         tokenizer = model.get_tokenizer()
         if base_config is None:
-            prompt_texts = fit_prompts(tokenizer, prompt_texts, context_length(model.model.config), max_new_tokens,
-                                       long_prompts)
+            prompt_list, prompt_format = fit_prompts(tokenizer, prompt_list, context_length(model.model.config),
+                                                     max_new_tokens, long_prompts, prompt_format)
         device = self._place_for_inference(model)
         report = generate_report(
-            model.model, tokenizer, model.schedule, prompt_texts, dense=dense, compare_dense=compare_dense,
+            model.model, tokenizer, model.schedule, prompt_list, dense=dense, compare_dense=compare_dense,
             max_new_tokens=max_new_tokens, batch_size=batch_size, sampling=sampling or model.generation.sampling,
-            device=device, context=self.precision_plugin.forward_context,
+            device=device, context=self.precision_plugin.forward_context, prompt_format=prompt_format,
         )
         write_completions(report.completions, output)
         rank_zero_info(report.summary())  # stderr: stdout may carry the JSON lines
@@ -191,8 +199,15 @@ class SkipTrainer(L.Trainer):
             weights_only: How the checkpoint is unpickled, as in ``fit``: ``null``/``true`` tensors and plain data
                 only, ``false`` any object (trusted checkpoints only).
             output: Also write the table as JSON to this file.
+
+        An export's recorded prompt format makes the test prompts unless ``data.prompt_template`` is given.
         """
-        load_weights(model, ckpt_path, weights_only)
+        weights = load_weights(model, ckpt_path, weights_only)
+        recorded = weights.prompt_format
+        if recorded is not None and datamodule.hparams.get("prompt_template") is None and \
+                not datamodule.hparams.get("chat_template"):
+            datamodule.use_prompt_format(recorded)
+            rank_zero_info("skiptrain evaluate: the test prompts are made by the export's recorded prompt format")
         return evaluate_against_dense(self, model, datamodule, output)
 
     def calibrate(
@@ -274,6 +289,7 @@ class SkipTrainer(L.Trainer):
         batch_size: int = 8,
         top: int = DEFAULT_TOP,
         margin: float | None = None,
+        raw_prompts: bool = False,
     ) -> ConformanceReport | None:
         """Write conformance test vectors for other inference engines, or check an engine's outputs against them.
 
@@ -295,6 +311,7 @@ class SkipTrainer(L.Trainer):
             top: Top logits recorded per step.
             margin: Logit gap that counts as a tie: when writing, the default stored in the vectors
                 (default 1e-3); when checking, overrides it.
+            raw_prompts: Use each prompt as it is, not as a source of the model's recorded prompt format.
         """
         if check is not None:
             report = check_outputs(read_vectors(vectors, model.model_name), read_outputs(check), margin)
@@ -302,11 +319,12 @@ class SkipTrainer(L.Trainer):
                 raise SystemExit(report.summary())
             rank_zero_info(report.summary())
             return report
-        prompt_texts = read_prompts(prompts)
+        prompt_list = read_prompts(prompts)
+        prompt_format = _prompt_format(model, ckpt_path, datamodule, weights_only, raw_prompts)
         load_weights(model, ckpt_path, weights_only)
         device = self._place_for_inference(model)
         written = write_vectors(
-            model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,
+            model.model, model.get_tokenizer(), model.schedule, prompt_list, vectors, prompt_format=prompt_format,
             max_new_tokens=_max_new_tokens(model, max_new_tokens), batch_size=batch_size, top=top,
             margin=DEFAULT_MARGIN if margin is None else margin, device=device,
             context=self.precision_plugin.forward_context,
@@ -314,6 +332,21 @@ class SkipTrainer(L.Trainer):
         rank_zero_info(f"skiptrain conformance: wrote {len(written['cases'])} cases of {written['max_new_tokens']} "
                        f"greedy tokens to {vectors}")
         return None
+
+
+def _prompt_format(model: SkipLM, ckpt_path: str | None, datamodule: SkipDataModule | None,
+                   weights_only: bool | None, raw: bool) -> PromptFormat:
+    """The prompt format that makes prompts from the given ones: the model's recorded one, or raw."""
+    if raw:
+        return RAW
+    recorded = recorded_prompt_format(model, ckpt_path, datamodule, weights_only)
+    if recorded is None:
+        rank_zero_info("skiptrain: the model records no prompt format: prompts are used as given")
+        return RAW
+    rank_zero_info(f"skiptrain: each prompt fills the recorded template {recorded.template!r}"
+                   + (" inside the chat template" if recorded.chat_template else "")
+                   + " (--raw_prompts true uses prompts as given)")
+    return recorded
 
 
 def _max_new_tokens(model: SkipLM, given: int | None) -> int:

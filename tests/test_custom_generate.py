@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorL
 
 from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forward
 from skiptrain.custom_generate import DECODER_LAYERS, SkipScheduleError, decoder_layers
-from skiptrain.export import CUSTOM_GENERATE_FILE
+from skiptrain.export import CUSTOM_GENERATE_FILE, PROMPT_FORMAT_FILE
 from skiptrain.families import FAMILIES
 from skiptrain.models import load_tokenizer
 
@@ -223,14 +223,18 @@ def test_a_forward_set_on_a_layer_instance_is_gated_and_then_restored(export):
 
 def test_the_export_ships_a_self_contained_copy(export):
     shipped = export("llama") / CUSTOM_GENERATE_FILE
-    source = Path(__import__("skiptrain.custom_generate").custom_generate.__file__)
-    assert shipped.read_text() == source.read_text()
-    tree = ast.parse(source.read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert "skiptrain" not in imported and imported <= {"__future__", "functools", "collections", "contextlib",
-                                                         "typing", "torch", "transformers"}
+    for name in ("custom_generate", "prompt_format"):  # generate.py imports its sibling prompt_format.py
+        source = Path(__import__(f"skiptrain.{name}").__dict__[name].__file__)
+        copy = shipped if name == "custom_generate" else shipped.parent / PROMPT_FORMAT_FILE
+        assert copy.read_text() == source.read_text()
+        tree = ast.parse(source.read_text())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {("." if node.level else "") + node.module.split(".")[0] for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom)}
+        assert "skiptrain" not in imported and imported <= {"__future__", "functools", "collections", "contextlib",
+                                                             "typing", "torch", "transformers", "json", "re",
+                                                             "dataclasses", ".prompt_format"}
     card = (export("llama") / "README.md").read_text()
     assert 'AutoModelForCausalLM.from_pretrained("path/to/this/export", trust_remote_code=True)' in card
     config = json.loads((export("llama") / "config.json").read_text())
