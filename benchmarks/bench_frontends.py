@@ -12,7 +12,7 @@ Model: a random Llama of SmolLM2-135M's shape (``bench_core.smollm2_shaped_model
 2x over the generated tokens (as ``bench_core.py``). For each batch size the four run in interleaved passes (one of
 each per pass, so drift in machine speed hits all alike) after a warm-up decode each; the fastest pass counts. Each
 skip speedup is reported as a fraction of the parameter-read limit (dense parameters read per generated token over
-the schedule's, LM head included: :func:`skiptrain.speedup.parameter_read_speedup`).
+the schedule's, LM head included: :func:`skiptrain.core.speedup.parameter_read_speedup`).
 
     taskset -c 1 python benchmarks/bench_frontends.py --threads 1 --out benchmarks/results/frontends_cpu_1thread.json
 """
@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from skiptrain import Dense, generate, skipdecode_for_speedup
-from skiptrain.export import write_custom_generate
-from skiptrain.inference import parameter_counts
-from skiptrain.speedup import parameter_read_speedup
+from skiptrain.core.speedup import parameter_read_speedup
+from skiptrain.export.write import write_custom_generate
+from skiptrain.frontends.inference import parameter_counts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_core import machine, smollm2_shaped_model  # noqa: E402

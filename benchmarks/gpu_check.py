@@ -71,7 +71,7 @@ def cmd_model(args: argparse.Namespace) -> None:
 def cmd_schedule(args: argparse.Namespace) -> None:
     """Print the CLI arguments of a 2x SkipDecode schedule for the model's layer count."""
     from skiptrain import skipdecode_for_speedup
-    from skiptrain.models import load_config
+    from skiptrain.modeling.loading import load_config
 
     layers = load_config(args.model).num_hidden_layers
     family = skipdecode_for_speedup(layers, 2.0, decay_tokens=args.decay_tokens)
@@ -109,7 +109,7 @@ def _metrics(run_dir: Path) -> dict[str, Any]:
 
 def cmd_consolidate(args: argparse.Namespace) -> None:
     """Consolidate a run's checkpoint (any layout) into one Lightning-style file; check it; record the run."""
-    from skiptrain.checkpoints import checkpoint_layout, checkpoint_metadata, consolidate_checkpoint
+    from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata, consolidate_checkpoint
 
     (checkpoint,) = sorted(p for p in args.run_dir.rglob("*.ckpt") if p.name != "last.ckpt")[-1:]
     started = time.perf_counter()
@@ -156,7 +156,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     from skiptrain import Dense, position_ids_from_mask, skip_forward
-    from skiptrain.export import load_exported
+    from skiptrain.export.write import load_exported
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

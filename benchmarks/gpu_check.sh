@@ -4,7 +4,7 @@
 #   1. fit SmolLM2-135M-Instruct (bf16, full fine-tuning, 2x SkipDecode schedule, activation checkpointing) on the
 #      built-in data-to-text task for $STEPS steps under DeepSpeed ZeRO-3, then the same under FSDP full shard,
 #      and once more under ZeRO-3 with a dense schedule (training tokens/s, skip vs dense);
-#   2. consolidate both sharded checkpoints (skiptrain.checkpoints) and compare them;
+#   2. consolidate both sharded checkpoints (skiptrain.training.checkpoints) and compare them;
 #   3. export the ZeRO-3 run (python -m skiptrain export), reload the export with skiptrain and with plain
 #      transformers (dense logits must agree), and time KV-cached skip-aware vs dense decoding (tokens/s).
 #   4. the side-by-side decode benchmark (benchmarks/bench_frontends.py: transformers and skiptrain, dense and 2x,
@@ -65,8 +65,8 @@ ACCELERATOR=${GPU_CHECK_ACCELERATOR:-gpu}
 PRECISION=${PRECISION:-bf16-mixed}
 FRONTENDS_DTYPE=${FRONTENDS_DTYPE:-bfloat16}
 DEVICE=$([[ $ACCELERATOR == cpu ]] && echo cpu || echo cuda)
-ZERO3_STRATEGY=${ZERO3_STRATEGY:-'{"class_path": "skiptrain.strategies.SkipDeepSpeedStrategy", "init_args": {"stage": 3}}'}
-FSDP_STRATEGY=${FSDP_STRATEGY:-'{"class_path": "skiptrain.strategies.SkipFSDPStrategy"}'}
+ZERO3_STRATEGY=${ZERO3_STRATEGY:-'{"class_path": "skiptrain.training.strategies.SkipDeepSpeedStrategy", "init_args": {"stage": 3}}'}
+FSDP_STRATEGY=${FSDP_STRATEGY:-'{"class_path": "skiptrain.training.strategies.SkipFSDPStrategy"}'}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 export HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
 
@@ -87,7 +87,7 @@ if ! "$PY" -c "import skiptrain.callbacks" 2>/dev/null; then
     export PYTHONPATH=$WORK/src${PYTHONPATH:+:$PYTHONPATH}
 fi
 "$PY" benchmarks/gpu_check.py --results "$RESULTS" environment
-"$PY" -c "import deepspeed, datasets, jsonargparse, peft, skiptrain.cli" \
+"$PY" -c "import deepspeed, datasets, jsonargparse, peft, skiptrain.cli.app" \
     || { echo "missing packages: pip install -e '.[deepspeed]' (or carry them: fetch-wheels)"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 

@@ -7,7 +7,7 @@
 # _sN for SEED=N, default 0); its checkpoint lands in runs/STUDY/NAME/last.ckpt, its wall time in wall_seconds. A
 # lever that starts from another run (runs/STUDY/OTHER/last.ckpt) trains OTHER first when it is missing. Then the
 # model is scored under its own schedule (or DECODE=SCHEDULE, e.g. plug-and-play skipping of a dense run) on the
-# dev split, used to choose settings, and on the test split: benchmarks/results/STUDY/study/NAME[@DECODE].{dev,test}.json.
+# dev splits, used to choose settings, and on the test split: benchmarks/results/STUDY/study/NAME[@DECODE].{dev,devmatch,test}.json.
 # One core and one thread per job (CORE, THREADS).
 set -euo pipefail
 study=$1 schedule=$2; shift 2
@@ -41,8 +41,11 @@ decode=${DECODE:-$schedule}
 scored=$name; [ "$decode" = "$schedule" ] || scored="$name@$decode"
 out=benchmarks/results/$study/study
 mkdir -p "$out"
-for split in dev test; do
-  data=$DEV_DATA; [ "$split" = dev ] || data=$TEST_DATA
+# dev: the split the first study chose on; devmatch (where the study has one): the dev split whose attribute-count
+# histogram matches the test split's, on which choices are made from the second round on.
+for split in dev devmatch test; do
+  case $split in dev) data=$DEV_DATA ;; devmatch) data=${MATCHED_DEV_DATA:-} ;; test) data=$TEST_DATA ;; esac
+  [ -n "$data" ] || continue
   # shellcheck disable=SC2086
   [ -e "$out/$scored.$split.json" ] || taskset -c "${CORE:-1}" python benchmarks/e2e/score.py --name "$scored" \
     --checkpoint "$run/last.ckpt" --decode-schedule "benchmarks/e2e/schedule_${decode}.yaml" --data "$data" \

@@ -18,6 +18,7 @@ from pathlib import Path
 
 RESULTS = Path("benchmarks/results")
 RUNS = Path("runs")
+SPLITS = ("dev", "devmatch", "test")  # devmatch: the dev split with the test split's attribute-count histogram
 
 
 def training_summary(study: str, name: str) -> dict | None:
@@ -42,16 +43,16 @@ def main() -> None:
     args = parser.parse_args()
     folder = RESULTS / args.study / "study"
     scores: dict[str, dict[str, dict]] = {}
-    for path in sorted(folder.glob("*.dev.json")) + sorted(folder.glob("*.test.json")):
-        name, split = path.name.rsplit(".", 2)[:2]
-        scores.setdefault(name, {})[split] = json.loads(path.read_text())
-    ceiling = scores[args.ceiling]
-    print(f"| run | dev {args.metric} | test {args.metric} | test share of ceiling | test ROUGE-L | test ROUGE-1/2 "
-          "| mean layers / generated token (test) | ideal speedup over generated tokens | nominal ideal "
-          "| dev loss: schedule / dense | train minutes |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for split in SPLITS:
+        for path in sorted(folder.glob(f"*.{split}.json")):
+            scores.setdefault(path.name.rsplit(".", 2)[0], {})[split] = json.loads(path.read_text())
+    ceiling = ceiling_means(scores, args.ceiling, args.metric)
+    print(f"| run | dev {args.metric} | matched dev {args.metric} | matched dev share | test {args.metric} "
+          "| test share of ceiling | test ROUGE-L | test ROUGE-1/2 | mean layers / generated token (test) "
+          "| ideal speedup over generated tokens | nominal ideal | dev loss: schedule / dense | train minutes |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, splits in sorted(scores.items(), key=lambda item: -item[1].get("dev", {}).get(args.metric, 0)):
-        dev, test = splits.get("dev"), splits.get("test")
+        dev, devmatch, test = splits.get("dev"), splits.get("devmatch"), splits.get("test")
         trained = training_summary(args.study, name.split("@")[0])
         if args.record and trained is not None and "@" not in name:
             (folder / f"{name}.train.json").write_text(json.dumps(trained, indent=2) + "\n")
@@ -59,19 +60,36 @@ def main() -> None:
         def value(split, key, scale=100.0, digits=1):
             return f"{split[key] * scale:.{digits}f}" if split and split.get(key) is not None else "-"
 
-        share = (f"{100 * test[args.metric] / ceiling['test'][args.metric]:.0f}%"
-                 if test and "test" in ceiling else "-")
+        def share(split, name):
+            return f"{100 * split[args.metric] / ceiling[name]:.0f}%" if split and name in ceiling else "-"
+
         losses = (f"{trained['val_loss_schedule']:.3f} / {trained['val_loss_dense']:.3f}" if trained else "-")
         minutes = f"{trained['wall_seconds'] / 60:.0f}" if trained else "-"
-        print(f"| {name} | {value(dev, args.metric)} | {value(test, args.metric)} | {share} | "
+        print(f"| {name} | {value(dev, args.metric)} | {value(devmatch, args.metric)} | {share(devmatch, 'devmatch')} "
+              f"| {value(test, args.metric)} | {share(test, 'test')} | "
               f"{value(test, 'rouge_l')} | {value(test, 'rouge_1')}/{value(test, 'rouge_2')} | "
               f"{value(test, 'mean_layers_per_generated_token', 1.0)} | "
               f"{value(test, 'ideal_speedup_over_generated_tokens', 1.0, 2)}x | "
               f"{value(test, 'nominal_ideal_speedup', 1.0, 2)}x | {losses} | {minutes} |")
-    print_seed_spread(scores, args.ceiling, args.metric)
+    print_seed_spread(scores, ceiling, args.metric)
 
 
-def print_seed_spread(scores: dict[str, dict[str, dict]], ceiling: str, metric: str) -> None:
+def ceiling_means(scores: dict[str, dict[str, dict]], ceiling: str, metric: str) -> dict[str, float]:
+    """The ceiling's score per split as the mean over its seeds (``CEILING`` and ``CEILING_sN``): every share in
+    the tables divides by this one number."""
+    runs = [splits for name, splits in scores.items()
+            if name == ceiling or (name.startswith(f"{ceiling}_s") and name[len(ceiling) + 2:].isdigit())]
+    if not runs:
+        raise SystemExit(f"no scores of the ceiling run {ceiling!r} under {RESULTS}")
+    means = {}
+    for split in SPLITS:
+        values = [run[split][metric] for run in runs if split in run]
+        if values:
+            means[split] = sum(values) / len(values)
+    return means
+
+
+def print_seed_spread(scores: dict[str, dict[str, dict]], ceiling: dict[str, float], metric: str) -> None:
     """Configurations run with several seeds (``NAME`` is seed 0, ``NAME_sN`` seed N): mean and range per split,
     and the test mean as a share of the ceiling's test mean."""
     seeds: dict[str, list[dict[str, dict]]] = {}
@@ -86,15 +104,14 @@ def print_seed_spread(scores: dict[str, dict[str, dict]], ceiling: str, metric: 
         return mean, f"{mean:.1f} ({min(values):.1f}-{max(values):.1f})"
 
     several = {name: runs for name, runs in seeds.items() if len(runs) > 1}
-    if not several or ceiling not in several:
+    if not several or "test" not in ceiling:
         return
-    ceiling_test = spread(several[ceiling], "test")[0]
     print(f"\n| configuration | seeds | dev {metric}: mean (range) | test {metric}: mean (range) "
           "| test mean, share of the ceiling's |")
     print("|---|---:|---:|---:|---:|")
     for name, runs in sorted(several.items(), key=lambda item: -spread(item[1], "test")[0]):
         test_mean, test_text = spread(runs, "test")
-        share = 100 * test_mean / ceiling_test
+        share = test_mean / ceiling["test"]
         print(f"| {name} | {len(runs)} | {spread(runs, 'dev')[1]} | {test_text} | {share:.0f}% |")
 
 

@@ -16,12 +16,11 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from skiptrain.checkpoints import consolidate_checkpoint
-from skiptrain.export import export_module
-from skiptrain.module import SkipLM
-from skiptrain.output_dir import check_output_dir
-from skiptrain.record import ExportRecord, Which
-from skiptrain.runs import best_checkpoint, fit_record
+from skiptrain.core.output_dir import check_output_dir
+from skiptrain.export.record import ExportRecord, Which
+from skiptrain.training.checkpoints import consolidate_checkpoint
+from skiptrain.training.module import SkipLM
+from skiptrain.training.runs import best_checkpoint, export_module, fit_record
 
 
 class ExportCallback(Callback):

@@ -1,7 +1,7 @@
 """skiptrain: skip-aware fine-tuning of causal language models.
 
 The public names are imported lazily (PEP 562): ``from skiptrain import SkipDecode`` or ``import
-skiptrain.schedules`` loads only the torch-free schedule module; the names of the forward, generation and
+skiptrain.core.schedules`` loads only the torch-free schedule module; the names of the forward, generation and
 export modules import torch, transformers, peft and Lightning on first access.
 """
 
@@ -18,27 +18,27 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 # public name -> the submodule that defines it
 _LAZY: dict[str, str] = {
-    "Dense": "skiptrain.schedules",
-    "Hierarchical": "skiptrain.schedules",
-    "Ranked": "skiptrain.schedules",
-    "ScheduleError": "skiptrain.schedules",
-    "ScheduleFamily": "skiptrain.schedules",
-    "SkipDecode": "skiptrain.schedules",
-    "SkipSchedule": "skiptrain.schedules",
-    "Static": "skiptrain.schedules",
-    "skipdecode_for_speedup": "skiptrain.schedules",
-    "position_ids_from_mask": "skiptrain.forward",
-    "skip_forward": "skiptrain.forward",
-    "skip_hidden_states": "skiptrain.forward",
-    "GenerationOutput": "skiptrain.generation",
-    "SamplingConfig": "skiptrain.generation",
-    "generate": "skiptrain.generation",
-    "ExportError": "skiptrain.export",
-    "ExportedModel": "skiptrain.export",
-    "load_exported": "skiptrain.export",
-    "PairCollator": "skiptrain.integration",
-    "skip_aware": "skiptrain.integration",
-    "skip_loss": "skiptrain.integration",
+    "Dense": "skiptrain.core.schedules",
+    "Hierarchical": "skiptrain.core.schedules",
+    "Ranked": "skiptrain.core.schedules",
+    "ScheduleError": "skiptrain.core.schedules",
+    "ScheduleFamily": "skiptrain.core.schedules",
+    "SkipDecode": "skiptrain.core.schedules",
+    "SkipSchedule": "skiptrain.core.schedules",
+    "Static": "skiptrain.core.schedules",
+    "skipdecode_for_speedup": "skiptrain.core.schedules",
+    "position_ids_from_mask": "skiptrain.modeling.forward",
+    "skip_forward": "skiptrain.modeling.forward",
+    "skip_hidden_states": "skiptrain.modeling.forward",
+    "GenerationOutput": "skiptrain.modeling.generation",
+    "SamplingConfig": "skiptrain.modeling.generation",
+    "generate": "skiptrain.modeling.generation",
+    "ExportError": "skiptrain.export.write",
+    "ExportedModel": "skiptrain.export.write",
+    "load_exported": "skiptrain.export.write",
+    "PairCollator": "skiptrain.training.integration",
+    "skip_aware": "skiptrain.training.integration",
+    "skip_loss": "skiptrain.training.integration",
 }
 
 __all__ = [  # a literal list, so linters and type checkers see the public names
@@ -66,11 +66,7 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
 ]
 
 if TYPE_CHECKING:
-    from skiptrain.export import ExportedModel, ExportError, load_exported
-    from skiptrain.forward import position_ids_from_mask, skip_forward, skip_hidden_states
-    from skiptrain.generation import GenerationOutput, SamplingConfig, generate
-    from skiptrain.integration import PairCollator, skip_aware, skip_loss
-    from skiptrain.schedules import (
+    from skiptrain.core.schedules import (
         Dense,
         Hierarchical,
         Ranked,
@@ -81,6 +77,9 @@ if TYPE_CHECKING:
         Static,
         skipdecode_for_speedup,
     )
+    from skiptrain.export.write import ExportedModel, ExportError, load_exported
+    from skiptrain.modeling.forward import position_ids_from_mask, skip_forward, skip_hidden_states
+    from skiptrain.modeling.generation import GenerationOutput, SamplingConfig, generate
 
 
 def __getattr__(name: str) -> Any:

@@ -1,3 +1,3 @@
-from skiptrain.cli import main
+from skiptrain.cli.app import main
 
 main()

@@ -40,10 +40,10 @@ def tiny_model_dir(tmp_path_factory):
 def skip_export(tiny_model_dir, tmp_path_factory):
     """``skip_export(family)``: a merged export of a tiny 6-layer model with a SkipDecode schedule (5, 4, 3, 3, 2, 2,
     ... layers per generated token)."""
-    from skiptrain.export import write_export
-    from skiptrain.models import load_causal_lm, load_tokenizer
-    from skiptrain.record import ExportRecord
-    from skiptrain.schedules import SkipDecode
+    from skiptrain.core.schedules import SkipDecode
+    from skiptrain.export.record import ExportRecord
+    from skiptrain.export.write import write_export
+    from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
 
     made = {}
 

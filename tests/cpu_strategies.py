@@ -7,7 +7,7 @@ as DeepSpeed's device rank), so the CPU tests run the product strategy's code pa
 transformers, optimizer swap for offload, sharded checkpoints).
 
 FSDP needs no subclass: Lightning refuses only its own ``FSDPStrategy`` class on CPU, and
-:class:`skiptrain.strategies.SkipFSDPStrategy` passes FSDP the device itself, which works on a CPU.
+:class:`skiptrain.training.strategies.SkipFSDPStrategy` passes FSDP the device itself, which works on a CPU.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 
-from skiptrain.strategies import SkipDeepSpeedStrategy
+from skiptrain.training.strategies import SkipDeepSpeedStrategy
 
 
 class CPUDeepSpeedStrategy(SkipDeepSpeedStrategy):
-    """:class:`~skiptrain.strategies.SkipDeepSpeedStrategy` on CPU processes (gloo); tests only."""
+    """:class:`~skiptrain.training.strategies.SkipDeepSpeedStrategy` on CPU processes (gloo); tests only."""
 
     def setup_environment(self) -> None:
         DDPStrategy.setup_environment(self)  # skips DeepSpeedStrategy's "CUDA GPUs only" check

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 from test_training import tiny_args
 
-from skiptrain.checkpoints import checkpoint_metadata, consolidate_checkpoint
-from skiptrain.cli import main
-from skiptrain.export import SCHEDULE_FILE, read_record
+from skiptrain.cli.app import main
+from skiptrain.export.write import SCHEDULE_FILE, read_record
+from skiptrain.training.checkpoints import checkpoint_metadata, consolidate_checkpoint
 
 # train/lr falls every step under a cosine schedule without warm-up: the best checkpoint by max lr is step 1's
 BEST_BY_LR = ('{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "train/lr", '

@@ -10,7 +10,10 @@ import pytest
 import torch
 from test_training import tiny_args
 
-from skiptrain.calibrate import (
+from skiptrain.cli.app import main
+from skiptrain.core.schedules import Dense, Ranked, ScheduleError, SkipDecode, Static
+from skiptrain.data.datamodule import SkipDataModule
+from skiptrain.training.calibrate import (
     Candidate,
     best_for_target,
     grid_candidates,
@@ -21,11 +24,8 @@ from skiptrain.calibrate import (
     search_candidates,
     target_lengths,
 )
-from skiptrain.cli import main
-from skiptrain.data import SkipDataModule
-from skiptrain.losses import target_cross_entropy
-from skiptrain.module import SkipLM
-from skiptrain.schedules import Dense, Ranked, ScheduleError, SkipDecode, Static
+from skiptrain.training.losses import target_cross_entropy
+from skiptrain.training.module import SkipLM
 
 TARGETS = [1.25, 1.5]
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from skiptrain.cli import main
-from skiptrain.conformance import ConformanceError, check_outputs, read_outputs, read_vectors
-from skiptrain.export import read_skip_schedule
-from skiptrain.schedules import Dense
+from skiptrain.cli.app import main
+from skiptrain.core.schedules import Dense
+from skiptrain.export.write import read_skip_schedule
+from skiptrain.frontends.conformance import ConformanceError, check_outputs, read_outputs, read_vectors
 
 PROMPTS = ["The council met on Monday", "Describe the restaurant in one sentence. Attributes: name[The Eagle]",
            "Expect sunshine in Lisbon"]

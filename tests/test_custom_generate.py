@@ -5,6 +5,7 @@ pipeline, layers outside ``E(g)`` never called, and dense loading untouched."""
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -14,10 +15,10 @@ import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, TextStreamer, pipeline
 
 from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forward
-from skiptrain.custom_generate import DECODER_LAYERS, SkipScheduleError, decoder_layers
-from skiptrain.export import CUSTOM_GENERATE_FILE, PROMPT_FORMAT_FILE
-from skiptrain.families import FAMILIES
-from skiptrain.models import load_tokenizer
+from skiptrain.export.custom_generate import DECODER_LAYERS, SkipScheduleError, decoder_layers
+from skiptrain.export.write import CUSTOM_GENERATE_FILE, PROMPT_FORMAT_FILE
+from skiptrain.modeling.architectures import ARCHITECTURES
+from skiptrain.modeling.loading import load_tokenizer
 
 HF_FAMILIES = ("llama", "qwen2", "opt", "gpt2")
 PROMPTS = [
@@ -223,9 +224,10 @@ def test_a_forward_set_on_a_layer_instance_is_gated_and_then_restored(export):
 
 def test_the_export_ships_a_self_contained_copy(export):
     shipped = export("llama") / CUSTOM_GENERATE_FILE
-    for name in ("custom_generate", "prompt_format"):  # generate.py imports its sibling prompt_format.py
-        source = Path(__import__(f"skiptrain.{name}").__dict__[name].__file__)
-        copy = shipped if name == "custom_generate" else shipped.parent / PROMPT_FORMAT_FILE
+    shipped_sources = {shipped: "skiptrain.export.custom_generate",  # generate.py imports its sibling
+                       shipped.parent / PROMPT_FORMAT_FILE: "skiptrain.text.prompt_format"}
+    for copy, module in shipped_sources.items():
+        source = Path(importlib.import_module(module).__file__)
         assert copy.read_text() == source.read_text()
         tree = ast.parse(source.read_text())
         imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
@@ -239,6 +241,5 @@ def test_the_export_ships_a_self_contained_copy(export):
     assert 'AutoModelForCausalLM.from_pretrained("path/to/this/export", trust_remote_code=True)' in card
     config = json.loads((export("llama") / "config.json").read_text())
     assert "auto_map" not in config, "the model class stays transformers' own"
-    for family, path in DECODER_LAYERS.items():  # the same layers skiptrain's own forward drives
-        assert path == f"{FAMILIES[family].decoder_path}.{FAMILIES[family].layers_attr}"
-    assert set(DECODER_LAYERS) == set(FAMILIES)
+    # the same layers skiptrain's own forward drives, for every architecture in its table
+    assert DECODER_LAYERS == {name: entry.layers_path for name, entry in ARCHITECTURES.items()}

@@ -1,4 +1,4 @@
-"""Tests for skiptrain.data, .tasks, .encoding, .batch and .builtin_task (offline, CPU, a few seconds)."""
+"""Tests for skiptrain.data.datamodule, .tasks, .encoding, .batch and .builtin_task (offline, CPU, a few seconds)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 
-from skiptrain.batch import IGNORE_INDEX, Collator, collate  # noqa: E402
-from skiptrain.builtin_task import STYLES, build_builtin_dataset, format_mr, parse_mr, render, sample_record  # noqa: E402
-from skiptrain.data import SkipDataModule, group_references, infer_builder, resolve_columns  # noqa: E402
-from skiptrain.encoding import encode_pairs, encode_prompts, group_into_blocks, special_token_counts  # noqa: E402
-from skiptrain.forward import position_ids_from_mask
-from skiptrain.models import prepare_tokenizer  # noqa: E402
-from skiptrain.tasks import TASKS, get_task_spec  # noqa: E402
+from skiptrain.data.builtin_task import STYLES, build_builtin_dataset, format_mr, parse_mr, render, sample_record  # noqa: E402
+from skiptrain.data.datamodule import SkipDataModule, group_references, infer_builder, resolve_columns  # noqa: E402
+from skiptrain.modeling.forward import position_ids_from_mask
+from skiptrain.modeling.loading import prepare_tokenizer  # noqa: E402
+from skiptrain.text.batch import IGNORE_INDEX, Collator, collate  # noqa: E402
+from skiptrain.text.encoding import encode_pairs, encode_prompts, group_into_blocks, special_token_counts  # noqa: E402
+from skiptrain.text.tasks import TASKS, get_task_spec  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 E2E_TRAIN = SHARED_DATA / "e2e" / "subsets" / "trainset_64.csv"

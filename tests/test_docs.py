@@ -177,7 +177,7 @@ RUN_SHELL = [b for b in blocks_of(*SHELLS) if not (b.has("illustrative") or b.ha
 
 @pytest.mark.parametrize("block", RUN_SHELL, ids=lambda b: b.name)
 def test_shell_block_runs_in_process(block, monkeypatch):
-    from skiptrain.cli import main
+    from skiptrain.cli.app import main
 
     commands = shell_commands(block.text)
     assert commands, f"{block.name}: an empty shell block"
@@ -201,7 +201,7 @@ RUN_YAML = [b for b in blocks_of("yaml", "yml") if not (b.has("illustrative") or
 
 @pytest.mark.parametrize("block", RUN_YAML, ids=lambda b: b.name)
 def test_yaml_block_is_a_config_fragment_that_parses(block, tmp_path, monkeypatch):
-    from skiptrain.cli import main
+    from skiptrain.cli.app import main
 
     assert isinstance(yaml.safe_load(block.text), dict), f"{block.name}: not a YAML mapping"
     fragment = tmp_path / "fragment.yaml"
@@ -265,7 +265,7 @@ def documented_schema_keys(optional: bool = False) -> set[str]:
 @pytest.fixture(scope="module")
 def exports(tiny_model_dir, tmp_path_factory):
     """A merged export and an adapter-only export of a tiny random model, written by the CLI."""
-    from skiptrain.cli import main
+    from skiptrain.cli.app import main
 
     model_dir, root = tiny_model_dir("llama"), tmp_path_factory.mktemp("doc_exports")
     common = ["export", "--model.model", model_dir, "--model.schedule", "SkipDecode",

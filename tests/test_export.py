@@ -18,9 +18,12 @@ from test_training import tiny_args
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skiptrain import Dense, SkipSchedule, load_exported, skip_forward
-from skiptrain.checkpoints import CheckpointError, consolidate_checkpoint
-from skiptrain.cli import main
-from skiptrain.export import (
+from skiptrain.cli.app import main
+from skiptrain.cli.trainer import SkipTrainer
+from skiptrain.core.output_dir import OutputDirError
+from skiptrain.core.schedules import Ranked, SkipDecode
+from skiptrain.export.record import ExportRecord
+from skiptrain.export.write import (
     CONFIG_KEY,
     SCHEDULE_FILE,
     ExportError,
@@ -29,13 +32,10 @@ from skiptrain.export import (
     read_skip_schedule,
     write_export,
 )
-from skiptrain.inference import read_prompts
-from skiptrain.models import load_causal_lm, load_tokenizer
-from skiptrain.module import SkipLM
-from skiptrain.output_dir import OutputDirError
-from skiptrain.record import ExportRecord
-from skiptrain.schedules import Ranked, SkipDecode
-from skiptrain.trainer import SkipTrainer
+from skiptrain.frontends.inference import read_prompts
+from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
+from skiptrain.training.checkpoints import CheckpointError, consolidate_checkpoint
+from skiptrain.training.module import SkipLM
 
 CONTRACT_KEYS = {"format", "schema_version", "producer", "num_layers", "family", "params", "position",
                  "prompt_layers", "executed_layers", "nested", "mean_layers_per_token", "trained_with_schedule",

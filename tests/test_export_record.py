@@ -14,8 +14,10 @@ import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
 
-from skiptrain.checkpoints import CheckpointError, consolidate_checkpoint
-from skiptrain.export import (
+from skiptrain.core.key_diff import KeyDiff, diff_keys, list_names
+from skiptrain.core.schedules import Dense, SkipDecode
+from skiptrain.export.record import NOT_RECORDED, ExportRecord, producer
+from skiptrain.export.write import (
     ADAPTER_CONFIG_FILE,
     CONFIG_FILE,
     CONFIG_KEY,
@@ -27,10 +29,8 @@ from skiptrain.export import (
     verify_export,
     write_export,
 )
-from skiptrain.key_diff import KeyDiff, diff_keys, list_names
-from skiptrain.models import load_causal_lm, load_tokenizer
-from skiptrain.record import NOT_RECORDED, ExportRecord, producer
-from skiptrain.schedules import Dense, SkipDecode
+from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
+from skiptrain.training.checkpoints import CheckpointError, consolidate_checkpoint
 
 RUN = dict(trained_with_schedule=False, task="builtin", training_config="model:\n  model: tiny\n",
            metrics={"val/loss_skip": 1.5}, metrics_source="a test")

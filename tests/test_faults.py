@@ -16,13 +16,13 @@ from fsspec.implementations.local import LocalFileOpener
 from interrupt import DiskFull
 from test_training import read_metrics, tiny_args
 
-from skiptrain.checkpoints import checkpoint_metadata
-from skiptrain.cli import main
-from skiptrain.export import verify_export, write_export
-from skiptrain.models import load_causal_lm, load_tokenizer
-from skiptrain.output_dir import OutputDirError
-from skiptrain.record import ExportRecord
-from skiptrain.schedules import SkipDecode
+from skiptrain.cli.app import main
+from skiptrain.core.output_dir import OutputDirError
+from skiptrain.core.schedules import SkipDecode
+from skiptrain.export.record import ExportRecord
+from skiptrain.export.write import verify_export, write_export
+from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
+from skiptrain.training.checkpoints import checkpoint_metadata
 
 TESTS = Path(__file__).parent
 CHECKPOINT_EVERY_EPOCH = ('{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", '
@@ -115,10 +115,10 @@ def test_an_export_killed_midway_leaves_no_target_and_the_next_export_clears_its
     target = tmp_path / "out"
     killed = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import os, signal
-        from skiptrain.export import write_export
-        from skiptrain.models import load_causal_lm, load_tokenizer
-        from skiptrain.record import ExportRecord
-        from skiptrain.schedules import SkipDecode
+        from skiptrain.export.write import write_export
+        from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
+        from skiptrain.export.record import ExportRecord
+        from skiptrain.core.schedules import SkipDecode
         tokenizer = load_tokenizer({model_dir!r})
         type(tokenizer).save_pretrained = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # after the weights
         write_export(load_causal_lm({model_dir!r}), tokenizer, SkipDecode(min_layers=2).build(4), {str(target)!r},

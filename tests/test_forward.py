@@ -6,7 +6,7 @@ from peft import LoraConfig, get_peft_model
 from tiny_models import FAMILIES, left_padded_batch, tiny_model
 
 from skiptrain import Dense, Hierarchical, Ranked, SkipDecode, Static, generate, position_ids_from_mask, skip_forward
-from skiptrain.families import decoder_parts
+from skiptrain.modeling.architectures import decoder_parts
 
 NUM_LAYERS = 6
 SCHEDULES = {

@@ -5,7 +5,7 @@ import torch
 from tiny_models import left_padded_batch, tiny_model
 
 from skiptrain import Dense, Hierarchical, Ranked, SamplingConfig, SkipDecode, generate
-from skiptrain.families import decoder_parts
+from skiptrain.modeling.architectures import decoder_parts
 
 
 @pytest.mark.parametrize("family", [

@@ -13,7 +13,7 @@ import huggingface_hub
 import pytest
 from huggingface_hub import constants
 
-from skiptrain.cli import main
+from skiptrain.cli.app import main
 
 
 class StandInHub(BaseHTTPRequestHandler):

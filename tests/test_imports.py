@@ -21,7 +21,7 @@ def run_python(code: str) -> str:
 
 @pytest.mark.parametrize(
     "statement",
-    ["from skiptrain import SkipDecode, Hierarchical, skipdecode_for_speedup", "import skiptrain.schedules"],
+    ["from skiptrain import SkipDecode, Hierarchical, skipdecode_for_speedup", "import skiptrain.core.schedules"],
 )
 def test_schedule_api_imports_no_ml_stack(statement):
     out = run_python(f"""
@@ -59,7 +59,9 @@ def test_every_public_name_resolves():
 
 
 def test_public_names_are_the_defining_modules_objects():
-    from skiptrain import export, forward, generation, schedules
+    from skiptrain.core import schedules
+    from skiptrain.export import write as export
+    from skiptrain.modeling import forward, generation
 
     assert skiptrain.SkipDecode is schedules.SkipDecode
     assert skiptrain.skip_forward is forward.skip_forward

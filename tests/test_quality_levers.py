@@ -8,14 +8,14 @@ from lightning.pytorch import Callback
 from test_schedules import random_family
 from test_training import tiny_args
 
-from skiptrain.batch import collate
-from skiptrain.checkpoints import CheckpointError
-from skiptrain.cli import main
-from skiptrain.losses import distillation_kl, target_cross_entropy
-from skiptrain.models import load_causal_lm
-from skiptrain.module import Curriculum, Distillation, LoraSettings, SkipLM
-from skiptrain.schedules import Dense, SkipDecode, anneal_from_dense
-from skiptrain.warm_start import trained_model
+from skiptrain.cli.app import main
+from skiptrain.core.schedules import Dense, SkipDecode, anneal_from_dense
+from skiptrain.modeling.loading import load_causal_lm
+from skiptrain.text.batch import collate
+from skiptrain.training.checkpoints import CheckpointError
+from skiptrain.training.losses import distillation_kl, target_cross_entropy
+from skiptrain.training.module import Curriculum, Distillation, LoraSettings, SkipLM
+from skiptrain.training.warm_start import trained_model
 
 
 # -- losses --------------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from skiptrain.schedules import (
+from skiptrain.core.schedules import (
     FAMILIES,
     Dense,
     Hierarchical,

@@ -25,21 +25,26 @@ from tiny_models import left_padded_batch, tiny_config, tiny_model
 from tiny_tokenizer import build_tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
-from skiptrain import strategies
-from skiptrain.checkpoints import CheckpointError, checkpoint_layout, checkpoint_metadata, consolidate_checkpoint
-from skiptrain.cli import main
-from skiptrain.families import decoder_parts
-from skiptrain.forward import skip_hidden_states
-from skiptrain.generation import generate
-from skiptrain.module import LoraSettings, SkipLM
-from skiptrain.schedules import SkipDecode
-from skiptrain.strategies import (
+from skiptrain.cli.app import main
+from skiptrain.cli.trainer import SkipTrainer
+from skiptrain.core.schedules import SkipDecode
+from skiptrain.modeling.architectures import decoder_parts
+from skiptrain.modeling.forward import skip_hidden_states
+from skiptrain.modeling.generation import generate
+from skiptrain.training import strategies
+from skiptrain.training.checkpoints import (
+    CheckpointError,
+    checkpoint_layout,
+    checkpoint_metadata,
+    consolidate_checkpoint,
+)
+from skiptrain.training.module import LoraSettings, SkipLM
+from skiptrain.training.strategies import (
     ClippingFSDPPrecision,
     SkipDeepSpeedStrategy,
     SkipFSDPStrategy,
     decoder_layer_classes,
 )
-from skiptrain.trainer import SkipTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -415,7 +420,7 @@ def single(tied_model_dir, corpus, tmp_path_factory):
 
 def test_the_global_batch_is_made_of_full_blocks(tied_model_dir, corpus):
     """Precondition of the exact comparison: every row has the same number of target tokens."""
-    from skiptrain.data import SkipDataModule
+    from skiptrain.data.datamodule import SkipDataModule
 
     data = SkipDataModule(task="text", tokenizer=tied_model_dir, block_size=16, max_train_samples=16,
                           data_files={"train": str(corpus), "validation": str(corpus)})
@@ -465,7 +470,7 @@ def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tied_mod
 
 
 def test_fsdp_shards_every_decoder_layer_and_its_checkpoint_consolidates(tied_model_dir, corpus, single, tmp_path):
-    strategy = {"class_path": "skiptrain.strategies.SkipFSDPStrategy"}
+    strategy = {"class_path": "skiptrain.training.strategies.SkipFSDPStrategy"}
     torchrun(fit_args(tied_model_dir, corpus, tmp_path, 2, True, "--trainer.strategy", json.dumps(strategy),
                       "--model.activation_checkpointing", "true"), tmp_path)
     found = check_run(tmp_path, True, single, tied_model_dir)

@@ -11,9 +11,9 @@ import torch
 import yaml
 from interrupt import SimulatedCrash
 
-from skiptrain.cli import main
-from skiptrain.module import SkipLM
-from skiptrain.progress import ProgressBar
+from skiptrain.cli.app import main
+from skiptrain.cli.progress import ProgressBar
+from skiptrain.training.module import SkipLM
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml"))

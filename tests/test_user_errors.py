@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from test_training import tiny_args
 
-from skiptrain.cli import DEBUG_VARIABLE, main
-from skiptrain.export import SCHEDULE_FILE
-from skiptrain.schedules import ScheduleError
+from skiptrain.cli.app import DEBUG_VARIABLE, main
+from skiptrain.core.schedules import ScheduleError
+from skiptrain.export.write import SCHEDULE_FILE
 
 USAGE, INPUT = 2, 1  # exit codes: an option or combination of options; an unusable input file
 ERROR_PREFIX = "skiptrain {}: error: "

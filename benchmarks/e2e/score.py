@@ -25,10 +25,10 @@ from torchmetrics.text import ROUGEScore, SacreBLEUScore
 
 import skiptrain
 from skiptrain import generate
-from skiptrain.data import SkipDataModule
-from skiptrain.models import load_causal_lm, load_tokenizer
-from skiptrain.speedup import ideal_speedup, mean_executed_layers
-from skiptrain.warm_start import trained_model
+from skiptrain.core.speedup import ideal_speedup, mean_executed_layers
+from skiptrain.data.datamodule import SkipDataModule
+from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
+from skiptrain.training.warm_start import trained_model
 
 TEST_FILE = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
 BASE_MODEL = "smollm2-135m-instruct"

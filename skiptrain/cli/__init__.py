@@ -1,0 +1,1 @@
+"""The command line: LightningCLI and the Trainer with skiptrain's own subcommands."""

@@ -1,0 +1,226 @@
+"""Command line: ``python -m skiptrain fit|validate|test|predict|export|generate|evaluate|calibrate|conformance ...``.
+
+``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's; ``export``, ``generate``, ``evaluate``,
+``calibrate`` and ``conformance`` are methods of :class:`~skiptrain.trainer.SkipTrainer` whose typed arguments
+become options (``--output_dir``, ``--prompts``, ...). A subcommand whose method takes ``datamodule=None``
+(``export``, ``generate``, ``conformance``) needs no data module: for it the ``data`` section is optional. Adding a
+subcommand is a SkipTrainer method and one line in :meth:`SkipCLI.subcommands`.
+
+Errors in the user's input (:class:`~skiptrain.errors.SkiptrainError`, and Lightning's
+``MisconfigurationException``, e.g. an accelerator this machine lacks) end the command with one line on stderr,
+``skiptrain <subcommand>: error: <message>``, and exit code 2 (options) or 1 (input files); ``SKIPTRAIN_DEBUG=1``
+shows their traceback as well. The parser's own errors (unknown or mistyped options) get the same one line and
+exit 2. Any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shutil
+import sys
+from argparse import ArgumentError
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
+
+from skiptrain.cli.progress import ProgressBar
+from skiptrain.cli.trainer import SkipTrainer
+from skiptrain.data.datamodule import SkipDataModule
+from skiptrain.errors import SkiptrainError, UsageError
+from skiptrain.modeling.loading import context_length
+from skiptrain.text.prompt_format import PromptFormatError
+from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata
+from skiptrain.training.module import SkipLM, accept_schedule_families
+from skiptrain.training.preemption import PreemptionCheckpoint
+from skiptrain.training.runs import RUN_CONFIG_FILE
+from skiptrain.training.strategies import release_process_group
+
+FROM_CONFIG = {"model", "datamodule"}
+"""Arguments of a SkipTrainer subcommand that the CLI builds from the config rather than parsing as options."""
+DEBUG_VARIABLE = "SKIPTRAIN_DEBUG"
+"""Environment variable: set to 1 to show the traceback of a user error too."""
+
+
+class SkipCLI(LightningCLI):
+    """LightningCLI with skiptrain's subcommands and the links between model and data that must agree."""
+
+    _building: str | None = None  # the subcommand whose parser is being built
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """LightningCLI's subcommands plus SkipTrainer's, one line each."""
+        return {
+            **LightningCLI.subcommands(),
+            "export": FROM_CONFIG,
+            "generate": FROM_CONFIG,
+            "evaluate": FROM_CONFIG,
+            "calibrate": FROM_CONFIG,
+            "conformance": FROM_CONFIG,
+        }
+
+    def _data_optional(self) -> bool:
+        """Whether the subcommand being built runs without a data module (its method takes ``datamodule=None``).
+
+        ``--data.*`` may still be given then, e.g. by a run's config.yaml.
+        """
+        if self._building is None or self._building in LightningCLI.subcommands():
+            return False
+        parameters = inspect.signature(getattr(self.trainer_class, self._building)).parameters
+        return parameters["datamodule"].default is None
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
+        self._building = subcommand
+        try:
+            return super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        finally:
+            self._building = None
+
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        if not self._data_optional():
+            super().add_core_arguments_to_parser(parser)
+            return
+        # As LightningCLI, except that the data module may be left out (it is then None).
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.set_defaults({"trainer." + k: v for k, v in self.trainer_defaults.items() if k != "callbacks"})
+        parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
+        parser.add_lightning_class_args(self._datamodule_class, "data", subclass_mode=True, required=False)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # One model name drives both the weights and the tokenizer.
+        tokenizer = "data.init_args.tokenizer" if self._data_optional() else "data.tokenizer"
+        parser.link_arguments("model.model", tokenizer)
+
+    def instantiate_trainer(self, **kwargs: Any) -> SkipTrainer:
+        """As LightningCLI's, with Lightning's default rich progress bar replaced by :class:`ProgressBar` and a
+        :class:`~skiptrain.preemption.PreemptionCheckpoint` added."""
+        trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks = [ProgressBar() if type(c) is RichProgressBar else c for c in trainer.callbacks]
+        if not any(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks):
+            trainer.callbacks.append(PreemptionCheckpoint())
+        return trainer
+
+    def _parse_ckpt_path(self) -> None:
+        """As LightningCLI's (a checkpoint's hyper-parameters configure the model), with two differences.
+
+        An unreadable checkpoint is refused by name (:class:`~skiptrain.checkpoints.CheckpointError`), and the model
+        named by ``model.model`` (on the command line or in a config) is the one used, not the checkpoint's: a base
+        model moved since training still loads, and an export given with a checkpoint is refused when loaded.
+        """
+        subcommand = self.config.get("subcommand")
+        settings = self.config.get(subcommand) if subcommand else None
+        ckpt_path = settings.get("ckpt_path") if settings is not None else None
+        if not ckpt_path or checkpoint_layout(ckpt_path) != "file":
+            return
+        hparams = dict(checkpoint_metadata(ckpt_path, settings.get("weights_only")).get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        given, stored = settings.model.get("model"), hparams.get("model")
+        if given and stored and given != stored:
+            hparams.pop("model")
+            rank_zero_info(f"skiptrain: model.model={given!r} is used; the checkpoint {ckpt_path} was trained from "
+                           f"model={stored!r}")
+        if hparams:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Check the model, its schedule and the data's length limits before a run directory or output is written.
+
+        A user error found later (e.g. in the data, which Lightning sets up after creating the run's log directory)
+        removes the log directory this command created, while it holds nothing but the configuration.
+        """
+        config = self.model.check_model()
+        if config is not None and self.datamodule is not None:
+            self.datamodule.check_context(context_length(config))
+        created = _absent(Path(self.trainer.log_dir)) if self.trainer.log_dir else []
+        try:
+            super()._run_subcommand(subcommand)
+        except (SkiptrainError, PromptFormatError):
+            _remove_if_only_setup_files(created)
+            raise
+
+
+SETUP_FILES = {RUN_CONFIG_FILE, "hparams.yaml"}
+"""What a run's log directory holds before training starts (the configuration)."""
+
+
+def _absent(path: Path) -> list[Path]:
+    """``path`` and its ancestors that do not exist yet, deepest first."""
+    absent = []
+    while not path.exists() and path != path.parent:
+        absent.append(path)
+        path = path.parent
+    return absent
+
+
+def _remove_if_only_setup_files(created: list[Path]) -> None:
+    """Remove directories a failed command created (``created``, deepest first) if they hold only setup files."""
+    if not created or not created[0].is_dir():
+        return
+    if any(p.is_file() and p.name not in SETUP_FILES for p in created[0].rglob("*")):
+        return  # the run got further: keep what it wrote
+    shutil.rmtree(created[0])
+    for parent in created[1:]:
+        if parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+
+
+def subcommand_of(args: Sequence[str]) -> str:
+    """The subcommand named in ``args`` (the first that is one), or ``""``."""
+    return next((arg for arg in args if arg in SkipCLI.subcommands()), "")
+
+
+def error_line(subcommand: str, error: BaseException) -> str:
+    """``skiptrain <subcommand>: error: <message>``, on one line."""
+    program = f"skiptrain {subcommand}" if subcommand else "skiptrain"
+    return f"{program}: error: {' '.join(str(error).split())}"
+
+
+def exit_code(error: BaseException) -> int:
+    """2 for a usage error (an option or combination of options), 1 for an unusable input file."""
+    return getattr(error, "exit_code", UsageError.exit_code)
+
+
+def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
+    """Entry point of the ``skiptrain`` console script; ``args`` lets tests run the CLI in-process.
+
+    With ``run=False`` the configuration is parsed and instantiated without running a subcommand. Multi-process
+    runs end their process group when the process exits (:func:`~skiptrain.strategies.release_process_group`).
+
+    A user error (:data:`USER_ERRORS`) prints :func:`error_line` and raises ``SystemExit`` with :func:`exit_code`
+    (with ``SKIPTRAIN_DEBUG=1`` it propagates as it is); any other exception propagates.
+    """
+    accept_schedule_families()
+    release_process_group()
+    try:
+        return SkipCLI(
+            SkipLM,
+            SkipDataModule,
+            trainer_class=SkipTrainer,
+            args=args,
+            run=run,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"parser_mode": "yaml", "exit_on_error": False},  # its errors are formatted below
+        )
+    except Exception as err:
+        user_error = _user_error(err)
+        if user_error is None or os.environ.get(DEBUG_VARIABLE, "0") not in ("", "0"):
+            raise
+        print(error_line(subcommand_of(sys.argv[1:] if args is None else args), user_error), file=sys.stderr)
+        raise SystemExit(exit_code(user_error)) from None
+
+
+USER_ERRORS = (SkiptrainError, PromptFormatError, MisconfigurationException, ArgumentError)
+"""Exceptions that report a mistake in the user's input; any other is a bug."""
+
+
+def _user_error(error: BaseException | None) -> BaseException | None:
+    """``error`` if it is a user error, else the user error it was raised from (the parser wraps those raised while
+    it builds a class, e.g. ``SamplingConfig(top_p=1.5)``), else ``None``."""
+    while error is not None and not isinstance(error, USER_ERRORS):
+        error = error.__cause__  # explicit causes only: an error raised while handling another may be a bug
+    return error

@@ -1,0 +1,380 @@
+"""The Lightning ``Trainer`` with skiptrain's own subcommands: ``export``, ``generate``, ``evaluate``, ``calibrate``
+and ``conformance``.
+
+LightningCLI turns every Trainer method named in :meth:`skiptrain.cli.SkipCLI.subcommands` into a subcommand whose
+typed arguments become options, so ``python -m skiptrain export --ckpt_path x.ckpt --output_dir out/`` calls
+:meth:`SkipTrainer.export` with the model (and data module) built from the config. Each method adapts the
+trainer's device and precision to a library function: :func:`~skiptrain.runs.export_checkpoint`,
+:func:`~skiptrain.inference.generate_report`, :func:`~skiptrain.evaluation.evaluate_against_dense`,
+:func:`~skiptrain.calibrate.calibrate`, :func:`~skiptrain.conformance.write_vectors` and
+:func:`~skiptrain.conformance.check_outputs`.
+
+The model is given as usual by ``--model.model`` (or a recipe / a run's ``config.yaml``) and can be:
+
+- a base model plus ``--ckpt_path`` (a Lightning checkpoint of a fit run: full or LoRA weights), or
+- an export directory (``skiptrain export`` output): its weights and ``skip_schedule.json`` are used as they are,
+  so ``model.schedule`` and ``model.lora`` do not apply.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import yaml
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.utilities import rank_zero_info
+
+from skiptrain.core.output_dir import check_output_dir
+from skiptrain.data.datamodule import SkipDataModule
+from skiptrain.errors import DataError, InputError, UsageError
+from skiptrain.export.hub import check_can_push, push_export
+from skiptrain.frontends.conformance import (
+    DEFAULT_MARGIN,
+    DEFAULT_TOP,
+    ConformanceReport,
+    check_outputs,
+    read_outputs,
+    read_vectors,
+    write_vectors,
+)
+from skiptrain.frontends.inference import (
+    RAW,
+    STDIO,
+    GenerationReport,
+    LongPrompts,
+    fit_prompts,
+    generate_report,
+    read_prompts,
+    write_completions,
+)
+from skiptrain.modeling.generation import SamplingConfig
+from skiptrain.modeling.loading import context_length
+from skiptrain.text.prompt_format import PromptFormat
+from skiptrain.training.calibrate import SEARCHED_FAMILIES, Calibration, calibrate
+from skiptrain.training.calibration_report import require_matplotlib, write_calibration
+from skiptrain.training.evaluation import evaluate_against_dense
+from skiptrain.training.module import SkipLM
+from skiptrain.training.runs import export_checkpoint, load_weights, recorded_prompt_format
+
+
+class SkipTrainer(L.Trainer):
+    """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`."""
+
+    def _place_for_inference(self, model: SkipLM) -> torch.device:
+        """Move the loaded ``model.model`` to this trainer's device and precision, in eval mode; returns the device."""
+        device = self.strategy.root_device
+        model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
+        return device
+
+    def export(
+        self,
+        model: SkipLM,
+        datamodule: SkipDataModule | None = None,
+        ckpt_path: str | None = None,
+        weights_only: bool | None = None,
+        *,
+        output_dir: str,
+        adapter_only: bool = False,
+        overwrite: bool = False,
+        push_to_hub: str | None = None,
+        hub_private: bool | None = None,
+    ) -> Path:
+        """Export a checkpoint for inference: a Hugging Face model directory plus skip_schedule.json.
+
+        Args:
+            model: The module, configured like the run that wrote the checkpoint.
+            datamodule: The run's data module (only its task name is recorded); optional.
+            ckpt_path: Lightning checkpoint of the fit run (full or LoRA weights); its model hyperparameters
+                configure ``model``. Without it the base model is exported with ``trained_with_schedule: false``.
+            weights_only: How the checkpoint is unpickled, as in ``fit``: ``null``/``true`` tensors and plain data
+                only, ``false`` any object (trusted checkpoints only).
+            output_dir: Directory to write; must be absent or empty unless ``overwrite``.
+            adapter_only: Save only the LoRA adapter (plus ``skip_schedule.json`` naming the base model) instead of
+                merged weights.
+            overwrite: Replace a non-empty ``output_dir`` (only once the new export is complete and checked).
+            push_to_hub: Also upload the export to this Hub model repository (``user/model``), created when absent,
+                with huggingface_hub's own upload and credentials; refused offline before anything is written.
+            hub_private: Visibility of a repository that ``push_to_hub`` creates (default: the Hub's).
+
+        Returns:
+            The export directory. A module whose model was built here has its LoRA adapters merged in place.
+        """
+        if push_to_hub is not None:
+            check_can_push(push_to_hub)
+        directory = export_checkpoint(model, output_dir, ckpt_path, datamodule, weights_only,
+                                      adapter_only=adapter_only, overwrite=overwrite)
+        if push_to_hub is not None:
+            commit = push_export(directory, push_to_hub, hub_private)
+            rank_zero_info(f"skiptrain: uploaded {directory} to the Hub: {commit}")
+        return directory
+
+    def generate(
+        self,
+        model: SkipLM,
+        datamodule: SkipDataModule | None = None,
+        ckpt_path: str | None = None,
+        weights_only: bool | None = None,
+        *,
+        prompts: str = STDIO,
+        output: str = STDIO,
+        max_new_tokens: int | None = None,
+        batch_size: int = 8,
+        sampling: SamplingConfig | None = None,
+        dense: bool = False,
+        compare_dense: bool = False,
+        long_prompts: LongPrompts = "refuse",
+        raw_prompts: bool = False,
+    ) -> GenerationReport:
+        """Generate completions of prompts with batched, KV-cached skip-aware decoding (JSON lines out).
+
+        Args:
+            model: The module; ``model.model`` may be an export directory.
+            datamodule: Unused (generation needs no data module).
+            ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
+            weights_only: How the checkpoint is unpickled, as in ``fit``: ``null``/``true`` tensors and plain data
+                only, ``false`` any object (trusted checkpoints only).
+            prompts: ``.jsonl`` file with a ``prompt`` field per line (or, for a template of several fields, a
+                ``template`` object of their values), text file with one prompt per line, or ``-`` for stdin. Each
+                prompt is the bare source of the run's prompt format, which the model records (an export, or a
+                run's data config or checkpoint) and generate applies as training did.
+            output: JSON-lines file for ``{"prompt", "completion", "num_tokens", "token_ids"}``, or ``-`` for stdout
+                (the summary goes to stderr).
+            max_new_tokens: Tokens generated per prompt at most (>= 1); default ``model.generation.max_new_tokens``.
+            batch_size: Prompts decoded together (left-padded to end at one column).
+            sampling: Greedy by default; default ``model.generation.sampling``.
+            dense: Decode with every layer, ignoring the schedule.
+            compare_dense: Also decode the same prompts densely and report the measured speedup.
+            long_prompts: A prompt that leaves no room for ``max_new_tokens`` in the model's context length is
+                refused (``refuse``) or shortened with a warning (``truncate``): a raw prompt to its last tokens, a
+                source further trimmed inside the template.
+            raw_prompts: Use each prompt as it is (the whole prompt text), not as a source of the recorded format.
+        """
+        max_new_tokens = _max_new_tokens(model, max_new_tokens)
+        prompt_list = read_prompts(prompts)
+        prompt_format = _prompt_format(model, ckpt_path, datamodule, weights_only, raw_prompts)
+        base_config = model.check_model()  # None for an export: its config is known once it is loaded
+        if base_config is not None:  # the prompts are checked before the weights load
+            prompt_list, prompt_format = fit_prompts(model.get_tokenizer(), prompt_list, context_length(base_config),
+                                                     max_new_tokens, long_prompts, prompt_format)
+        load_weights(model, ckpt_path, weights_only)
+        tokenizer = model.get_tokenizer()
+        if base_config is None:
+            prompt_list, prompt_format = fit_prompts(tokenizer, prompt_list, context_length(model.model.config),
+                                                     max_new_tokens, long_prompts, prompt_format)
+        device = self._place_for_inference(model)
+        report = generate_report(
+            model.model, tokenizer, model.schedule, prompt_list, dense=dense, compare_dense=compare_dense,
+            max_new_tokens=max_new_tokens, batch_size=batch_size, sampling=sampling or model.generation.sampling,
+            device=device, context=self.precision_plugin.forward_context, prompt_format=prompt_format,
+        )
+        write_completions(report.completions, output)
+        rank_zero_info(report.summary())  # stderr: stdout may carry the JSON lines
+        return report
+
+    def evaluate(
+        self,
+        model: SkipLM,
+        datamodule: SkipDataModule,
+        ckpt_path: str | None = None,
+        weights_only: bool | None = None,
+        *,
+        output: str | None = None,
+    ) -> dict[str, dict[str, float]]:
+        """Score a model on the task's test split under its skip schedule and dense, as one table.
+
+        Runs ``trainer.test`` twice, under the schedule and with a dense schedule: loss and perplexity (both),
+        and the task's ROUGE-1/2/L or multi-reference BLEU from generated text (``model.generation``:
+        ``num_batches: -1`` scores every test batch, the default scores 2). Mean executed layers and ideal
+        speedup are taken over ``model.generation.max_new_tokens`` generated tokens.
+
+        Args:
+            model: The module; ``model.model`` may be an export directory.
+            datamodule: The task's data module (its test split is scored).
+            ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
+            weights_only: How the checkpoint is unpickled, as in ``fit``: ``null``/``true`` tensors and plain data
+                only, ``false`` any object (trusted checkpoints only).
+            output: Also write the table as JSON to this file.
+
+        An export's recorded prompt format makes the test prompts unless ``data.prompt_template`` is given.
+        """
+        weights = load_weights(model, ckpt_path, weights_only)
+        recorded = weights.prompt_format
+        if recorded is not None and datamodule.hparams.get("prompt_template") is None and \
+                not datamodule.hparams.get("chat_template"):
+            datamodule.use_prompt_format(recorded)
+            rank_zero_info("skiptrain evaluate: the test prompts are made by the export's recorded prompt format")
+        return evaluate_against_dense(self, model, datamodule, output)
+
+    def calibrate(
+        self,
+        model: SkipLM,
+        datamodule: SkipDataModule,
+        ckpt_path: str | None = None,
+        weights_only: bool | None = None,
+        *,
+        output_dir: str,
+        targets: list[float] | None = None,
+        families: list[str] | None = None,
+        grid: str | None = None,
+        num_batches: int = -1,
+        per_target: int = 2,
+        tolerance: float = 0.1,
+        generation_batches: int = 0,
+        overwrite: bool = False,
+    ) -> Calibration:
+        """Choose a skip schedule from data: score candidate schedules by their teacher-forced validation loss.
+
+        Measures the layer importance profile, scores every candidate with one forward pass over the validation
+        batches (loss, perplexity, realised mean executed layers and ideal speedup over the targets' lengths),
+        and writes the table, the Pareto front and importance plots, and for each target speedup the best
+        schedule as a recipe fragment (``schedule_<T>x.yaml``) into ``output_dir``.
+
+        Args:
+            model: The module; ``model.model`` may be an export directory. Its own schedule is not used.
+            datamodule: The task's data module (its validation split is scored).
+            ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
+            weights_only: How the checkpoint is unpickled, as in ``fit``.
+            output_dir: Directory to write; must be absent or empty unless ``overwrite``.
+            targets: Target ideal decode speedups; default ``[1.5, 2, 3]``.
+            families: Families searched for each target: ``skipdecode``, ``ranked``, ``hierarchical``, ``static``;
+                default all four.
+            grid: YAML file ``{family: {parameter: [values]}}``: score every combination instead of searching.
+            num_batches: Validation batches scored (``-1``: all; ``data.max_eval_samples`` sets the split size).
+            per_target: Configurations scored per family and target in the search.
+            tolerance: The search scores speedups in ``[target, target * (1 + tolerance)]``.
+            generation_batches: Validation batches on which the Pareto front is also decoded and scored with the
+                task's ROUGE or BLEU (0: none).
+            overwrite: Replace a non-empty ``output_dir``.
+        """
+        check_output_dir(output_dir, overwrite)
+        require_matplotlib()
+        families = list(SEARCHED_FAMILIES if families is None else families)
+        unknown = sorted(set(families) - set(SEARCHED_FAMILIES))
+        if unknown:
+            raise UsageError(f"families={unknown} is invalid: allowed {list(SEARCHED_FAMILIES)}")
+        grid_spec = _read_grid(grid) if grid else None
+        load_weights(model, ckpt_path, weights_only)
+        device = self._place_for_inference(model)
+        datamodule.setup("validate")
+        loader = itertools.islice(datamodule.val_dataloader(), _limit(num_batches))
+        batches = [move_data_to_device(batch, device) for batch in loader]
+        if not batches:
+            raise DataError("the data module has no validation batches: give data.val_files (or a split with a "
+                             "validation part) to calibrate on")
+        with self.precision_plugin.forward_context():
+            result = calibrate(model, batches, targets=targets or [1.5, 2.0, 3.0], families=families, grid=grid_spec,
+                               per_target=per_target, tolerance=tolerance,
+                               generation_batches=batches[:generation_batches], metric=datamodule.metric)
+        write_calibration(result, output_dir, overwrite)
+        rank_zero_info(f"skiptrain calibrate: {len(result.candidates)} schedules scored on "
+                       f"{sum(result.lengths)} validation target tokens; wrote {output_dir}")
+        return result
+
+    def conformance(
+        self,
+        model: SkipLM,
+        datamodule: SkipDataModule | None = None,
+        ckpt_path: str | None = None,
+        weights_only: bool | None = None,
+        *,
+        vectors: str,
+        prompts: str = STDIO,
+        check: str | None = None,
+        max_new_tokens: int | None = None,
+        batch_size: int = 8,
+        top: int = DEFAULT_TOP,
+        margin: float | None = None,
+        raw_prompts: bool = False,
+    ) -> ConformanceReport | None:
+        """Write conformance test vectors for other inference engines, or check an engine's outputs against them.
+
+        Without ``check``: decode ``prompts`` greedily under the model's schedule (exactly ``max_new_tokens`` tokens
+        each, no end-of-sequence stop) and write ``vectors``: the schedule, each prompt's token ids, the greedy
+        tokens and the top logits of every step. With ``check``: compare the engine's JSON lines
+        (``{"id", "token_ids"}``) with ``vectors`` (the model is not loaded) and exit with status 1 on a divergence.
+
+        Args:
+            model: The module; ``model.model`` is usually an export directory.
+            datamodule: Unused.
+            ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
+            weights_only: How the checkpoint is unpickled, as in ``fit``.
+            vectors: The vectors file (JSON) to write, or to check against.
+            prompts: ``.jsonl`` file with a ``prompt`` field per line, text file with one prompt per line, or ``-``.
+            check: An engine's JSON-lines output to check instead of writing vectors.
+            max_new_tokens: Tokens per prompt; default ``model.generation.max_new_tokens``.
+            batch_size: Prompts decoded together by the reference decoder.
+            top: Top logits recorded per step.
+            margin: Logit gap that counts as a tie: when writing, the default stored in the vectors
+                (default 1e-3); when checking, overrides it.
+            raw_prompts: Use each prompt as it is, not as a source of the model's recorded prompt format.
+        """
+        if check is not None:
+            report = check_outputs(read_vectors(vectors, model.model_name), read_outputs(check), margin)
+            if not report.passed:
+                raise SystemExit(report.summary())
+            rank_zero_info(report.summary())
+            return report
+        prompt_list = read_prompts(prompts)
+        prompt_format = _prompt_format(model, ckpt_path, datamodule, weights_only, raw_prompts)
+        load_weights(model, ckpt_path, weights_only)
+        device = self._place_for_inference(model)
+        written = write_vectors(
+            model.model, model.get_tokenizer(), model.schedule, prompt_list, vectors, prompt_format=prompt_format,
+            max_new_tokens=_max_new_tokens(model, max_new_tokens), batch_size=batch_size, top=top,
+            margin=DEFAULT_MARGIN if margin is None else margin, device=device,
+            context=self.precision_plugin.forward_context,
+        )
+        rank_zero_info(f"skiptrain conformance: wrote {len(written['cases'])} cases of {written['max_new_tokens']} "
+                       f"greedy tokens to {vectors}")
+        return None
+
+
+def _prompt_format(model: SkipLM, ckpt_path: str | None, datamodule: SkipDataModule | None,
+                   weights_only: bool | None, raw: bool) -> PromptFormat:
+    """The prompt format that makes prompts from the given ones: the model's recorded one, or raw."""
+    if raw:
+        return RAW
+    recorded = recorded_prompt_format(model, ckpt_path, datamodule, weights_only)
+    if recorded is None:
+        rank_zero_info("skiptrain: the model records no prompt format: prompts are used as given")
+        return RAW
+    rank_zero_info(f"skiptrain: each prompt fills the recorded template {recorded.template!r}"
+                   + (" inside the chat template" if recorded.chat_template else "")
+                   + " (--raw_prompts true uses prompts as given)")
+    return recorded
+
+
+def _max_new_tokens(model: SkipLM, given: int | None) -> int:
+    """``given``, or ``model.generation.max_new_tokens`` when left out; refused below 1."""
+    if given is None:
+        return model.generation.max_new_tokens
+    if given < 1:
+        raise UsageError(f"max_new_tokens={given} is invalid: allowed >= 1 (leave it out for "
+                         f"model.generation.max_new_tokens={model.generation.max_new_tokens})")
+    return given
+
+
+def _limit(num_batches: int) -> int | None:
+    if num_batches == 0 or num_batches < -1:
+        raise UsageError(f"num_batches={num_batches} is invalid: allowed -1 (all) or >= 1")
+    return None if num_batches == -1 else num_batches
+
+
+def _read_grid(path: str) -> dict[str, dict[str, Sequence[Any]]]:
+    """A calibration grid file: ``{family: {parameter: [values]}}``."""
+    try:
+        grid = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise InputError(f"grid={path!r} cannot be read ({' '.join(str(err).split())}): allowed a YAML file "
+                         "{family: {parameter: [values]}}") from err
+    if not isinstance(grid, dict) or not all(isinstance(axes, dict) for axes in grid.values()):
+        raise UsageError(f"grid={path!r} is invalid: allowed a YAML mapping {{family: {{parameter: [values]}}}}")
+    return {name: {k: v if isinstance(v, list) else [v] for k, v in axes.items()} for name, axes in grid.items()}
+
+
+__all__ = ["SkipTrainer"]

@@ -1,0 +1,187 @@
+"""The architecture table: the one place that knows Hugging Face model architectures (``config.model_type``).
+
+The skip-aware forward drives a model's own decoder layers from a small loop (:mod:`skiptrain.modeling.forward`).
+Around the layers it needs three architecture-specific pieces, kept here as one table so that adding an
+architecture is one entry: how token embeddings (and learned positions) are made, which per-column inputs every
+layer receives besides the hidden states (rotary position embeddings, position ids), and the final norm. The entry
+also names the default LoRA targets. Everything else (attention, caches, masks, the LM head) is the model's own code.
+``custom_generate``'s own table of decoder layers (it cannot import skiptrain) is tested to agree with this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+from skiptrain.errors import ModelError, UsageError
+
+SUPPORTED_ATTENTION = ("eager", "sdpa")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How to drive one architecture of Hugging Face decoder-only models layer by layer.
+
+    Args:
+        decoder_path: Dotted attribute path from the ``*ForCausalLM`` model to the decoder body.
+        layers_attr: Attribute of the decoder body holding the ``nn.ModuleList`` of decoder layers.
+        embed: ``(decoder, input_ids, position_ids) -> hidden`` for the given columns.
+        column_inputs: ``(decoder, hidden, position_ids) -> kwargs`` every layer receives besides the hidden
+            states; each tensor (or tuple of tensors) is indexed by column along dim 1.
+        final: ``(decoder, hidden) -> hidden`` after the last layer, before the LM head.
+        lora_targets: The default LoRA target modules: the attention projections.
+    """
+
+    decoder_path: str
+    layers_attr: str
+    embed: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+    column_inputs: Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, Any]]
+    final: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    lora_targets: tuple[str, ...]
+
+    @property
+    def layers_path(self) -> str:
+        """Dotted attribute path from the ``*ForCausalLM`` model to its ``nn.ModuleList`` of decoder layers."""
+        return f"{self.decoder_path}.{self.layers_attr}"
+
+
+def _llama_column_inputs(decoder: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
+    return {"position_ids": position_ids, "position_embeddings": decoder.rotary_emb(hidden, position_ids)}
+
+
+def _opt_embed(decoder: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    embeds = decoder.embed_tokens(input_ids)
+    if decoder.project_in is not None:
+        embeds = decoder.project_in(embeds)
+    return embeds + decoder.embed_positions(None, position_ids=position_ids)
+
+
+def _opt_final(decoder: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    if decoder.final_layer_norm is not None:
+        hidden = decoder.final_layer_norm(hidden)
+    return hidden if decoder.project_out is None else decoder.project_out(hidden)
+
+
+_LLAMA_LAYOUT = Architecture(
+    decoder_path="model",
+    layers_attr="layers",
+    embed=lambda decoder, input_ids, position_ids: decoder.embed_tokens(input_ids),
+    column_inputs=_llama_column_inputs,
+    final=lambda decoder, hidden: decoder.norm(hidden),
+    lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
+)
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama": _LLAMA_LAYOUT,  # Llama 2/3, SmolLM/SmolLM2, TinyLlama
+    "mistral": _LLAMA_LAYOUT,
+    "qwen2": _LLAMA_LAYOUT,
+    "opt": Architecture(
+        decoder_path="model.decoder",
+        layers_attr="layers",
+        embed=_opt_embed,
+        column_inputs=lambda decoder, hidden, position_ids: {"position_ids": position_ids},
+        final=_opt_final,
+        lora_targets=("q_proj", "k_proj", "v_proj", "out_proj"),
+    ),
+    "gpt2": Architecture(
+        decoder_path="transformer",
+        layers_attr="h",
+        embed=lambda decoder, input_ids, position_ids: decoder.drop(
+            decoder.wte(input_ids) + decoder.wpe(position_ids)
+        ),
+        column_inputs=lambda decoder, hidden, position_ids: {"position_ids": position_ids},
+        final=lambda decoder, hidden: decoder.ln_f(hidden),
+        lora_targets=("c_attn",),
+    ),
+}
+
+
+def architecture(model_type: str) -> Architecture:
+    """The table's entry for ``config.model_type``.
+
+    Raises:
+        ModelError: for an architecture the table lacks, naming the supported ones.
+    """
+    found = ARCHITECTURES.get(model_type)
+    if found is None:
+        raise ModelError(
+            f"model_type={model_type!r} is not supported by the skip-aware forward: "
+            f"allowed {sorted(ARCHITECTURES)} (add an entry to skiptrain.modeling.architectures.ARCHITECTURES)"
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class DecoderParts:
+    """The pieces of one model that the skip-aware loop drives."""
+
+    model: PreTrainedModel
+    architecture: Architecture
+    decoder: nn.Module
+    layers: nn.ModuleList
+    lm_head: nn.Module
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_masks(
+        self,
+        hidden: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any,
+        position_ids: torch.Tensor,
+    ) -> list[torch.Tensor | None]:
+        """The attention mask each layer gets for these columns, built by transformers' own mask functions."""
+        config = self.model.config
+        kinds = getattr(config, "layer_types", None)
+        if kinds is None:
+            sliding = getattr(config, "sliding_window", None) is not None and getattr(
+                config, "use_sliding_window", True
+            )
+            kinds = ["sliding_attention" if sliding else "full_attention"] * self.num_layers
+        builders = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+        made = {
+            kind: builders[kind](
+                config=config,
+                inputs_embeds=hidden,
+                attention_mask=attention_mask,
+                cache=cache,
+                position_ids=position_ids,
+            )
+            for kind in set(kinds)
+        }
+        return [made[kind] for kind in kinds]
+
+
+def decoder_parts(model: nn.Module) -> DecoderParts:
+    """Locate the decoder layers of a (possibly peft-wrapped) Hugging Face causal LM.
+
+    Raises:
+        ModelError: for an unsupported architecture.
+        UsageError: for an unsupported attention implementation.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config
+    found = architecture(config.model_type)
+    attention = config._attn_implementation
+    if attention not in SUPPORTED_ATTENTION:
+        raise UsageError(
+            f"attn_implementation={attention!r} is not supported by the skip-aware forward: "
+            f"allowed {list(SUPPORTED_ATTENTION)}"
+        )
+    if getattr(config, "layerdrop", 0.0) and base.training:
+        raise ModelError(
+            f"layerdrop={config.layerdrop} is not supported: random layer dropping conflicts with the schedule "
+            "and with sharded training; set layerdrop=0"
+        )
+    decoder = base
+    for name in found.decoder_path.split("."):
+        decoder = getattr(decoder, name)
+    return DecoderParts(base, found, decoder, getattr(decoder, found.layers_attr), base.get_output_embeddings())

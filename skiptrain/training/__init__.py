@@ -1,0 +1,1 @@
+"""Training: the LightningModule, its losses, strategies and checkpoints, and what runs leave behind."""

@@ -1,0 +1,447 @@
+"""The LightningModule: fine-tune a Hugging Face causal LM with its skip schedule in the forward pass."""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from jsonargparse import set_parsing_settings
+from lightning.pytorch.utilities import rank_zero_info
+from peft import LoraConfig, PeftModel, get_peft_model
+from torchmetrics import MeanMetric
+from torchmetrics.text import ROUGEScore, SacreBLEUScore
+from transformers import (
+    PretrainedConfig,
+    get_constant_schedule_with_warmup,
+    get_cosine_schedule_with_warmup,
+    get_linear_schedule_with_warmup,
+)
+
+from skiptrain.core.schedules import Dense, ScheduleFamily, SkipSchedule, anneal_from_dense
+from skiptrain.errors import UsageError
+from skiptrain.export.write import is_export
+from skiptrain.modeling.architectures import architecture, decoder_parts
+from skiptrain.modeling.generation import SamplingConfig, generate
+from skiptrain.modeling.loading import load_causal_lm, load_config, load_tokenizer
+from skiptrain.text.batch import IGNORE_INDEX
+from skiptrain.training.losses import distillation_kl, target_cross_entropy, target_logits
+from skiptrain.training.warm_start import load_run_weights, trained_model
+
+LR_SCHEDULES = {
+    "cosine": get_cosine_schedule_with_warmup,
+    "linear": get_linear_schedule_with_warmup,
+    "constant": get_constant_schedule_with_warmup,
+}
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapters through peft (the base weights stay frozen).
+
+    Args:
+        r: Adapter rank.
+        alpha: Scaling numerator (``lora_alpha``).
+        dropout: Dropout on the adapter input.
+        target_modules: Module names to adapt; ``None`` uses the model family's attention projections.
+        bias: Which biases to train: ``none``, ``all`` or ``lora_only``.
+    """
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] | None = None
+    bias: Literal["none", "all", "lora_only"] = "none"
+
+
+TEACHERS = ("dense", "base")
+
+
+@dataclass
+class Distillation:
+    """Distillation of the skipped path from a teacher run at full depth: a KL term added to the cross entropy.
+
+    Args:
+        weight: Weight of the KL term.
+        temperature: Softmax temperature of teacher and student in the KL term (scaled by ``T**2``).
+        teacher: ``dense``: the weights being trained, run at full depth without gradient (the dense path
+            teaches the skipped path; self-distillation). ``base``: the base model with the LoRA adapters
+            disabled (needs ``lora``). Or the path of a checkpoint or export of an earlier (e.g. dense
+            fine-tuned) run, loaded once and frozen.
+    """
+
+    weight: float = 1.0
+    temperature: float = 1.0
+    teacher: str = "dense"
+
+    def __post_init__(self) -> None:
+        if self.weight < 0:
+            raise UsageError(f"distillation.weight={self.weight} is invalid: allowed >= 0")
+        if self.temperature <= 0:
+            raise UsageError(f"distillation.temperature={self.temperature} is invalid: allowed > 0")
+        if self.teacher not in TEACHERS and not Path(self.teacher).exists():
+            raise UsageError(f"distillation.teacher={self.teacher!r} is invalid: allowed {list(TEACHERS)} or "
+                             "the path of an existing checkpoint or export")
+
+
+@dataclass
+class Curriculum:
+    """Train with a schedule that anneals from dense to ``model.schedule`` (see
+    :func:`~skiptrain.core.schedules.anneal_from_dense`); validation and export always use the target schedule.
+
+    Args:
+        fraction: Share of the training steps over which the depth of every position shrinks linearly from all
+            layers to the target's; the rest of training uses the target schedule.
+    """
+
+    fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction <= 1:
+            raise UsageError(f"curriculum.fraction={self.fraction} is invalid: allowed 0 < fraction <= 1")
+
+    def progress(self, step: int, total_steps: int) -> float:
+        """Fraction of the annealing done at optimizer step ``step`` of ``total_steps``."""
+        return min(1.0, step / max(self.fraction * total_steps, 1.0))
+
+
+@dataclass
+class GenerationSettings:
+    """Generation metrics during validation and test, with the skip-aware front-end.
+
+    Args:
+        max_new_tokens: Tokens generated per example.
+        num_batches: Evaluation batches scored by generation per epoch (0 disables, ``-1`` all).
+        metric: ``auto`` (the data module's task decides), ``rouge`` (ROUGE-1/2/L), ``bleu`` (multi-reference
+            SacreBLEU), ``both``, or ``none``.
+        sampling: Greedy by default.
+    """
+
+    max_new_tokens: int = 64
+    num_batches: int = 2
+    metric: Literal["auto", "rouge", "bleu", "both", "none"] = "auto"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+def accept_schedule_families() -> None:
+    """Let jsonargparse configure ``schedule`` by ``class_path`` (``skiptrain.SkipDecode``, ...).
+
+    Called by the CLI and before a checkpoint's hyper-parameters are parsed (:meth:`SkipLM.load_from_checkpoint`).
+    """
+    set_parsing_settings(subclasses_enabled=[ScheduleFamily])
+
+
+class SkipLM(L.LightningModule):
+    """A causal LM fine-tuned with a position-dependent layer-skip schedule applied in its forward pass.
+
+    Args:
+        model: Hugging Face hub id, local directory, ``.gguf`` file, or a bundled short name
+            (``smollm2-135m-instruct``).
+        schedule: The skip schedule family and parameters (``SkipDecode``, ``Ranked``, ``Hierarchical``,
+            ``Static``, ``Dense``); the layer count comes from the loaded model. There is no default: required, except
+            when ``model`` is an export directory, whose ``skip_schedule.json`` is used.
+        lora: LoRA settings; ``null`` fine-tunes every weight.
+        distillation: Distillation from a teacher at full depth; ``null`` disables it.
+        dense_loss_weight: Weight of a second cross entropy computed on the dense path (all layers) of the same
+            weights, added to the scheduled one so that one model serves both depths; 0 disables it.
+        curriculum: Anneal the training schedule from dense to ``schedule``; ``null`` trains with ``schedule``
+            from the first step.
+        init_from: Checkpoint or export of an earlier run (e.g. dense fine-tuning) whose weights, LoRA merged,
+            initialise ``model`` before this run's adapters are added: the second stage of two-stage training.
+        learning_rate: Peak learning rate of AdamW.
+        weight_decay: AdamW weight decay.
+        betas: AdamW betas.
+        warmup_steps: Linear learning-rate warm-up steps.
+        lr_schedule: Decay after warm-up: ``cosine``, ``linear`` or ``constant``.
+        activation_checkpointing: Recompute decoder layers in the backward pass (``use_reentrant=False``).
+        attn_implementation: ``sdpa`` or ``eager``.
+        generation: Generation metrics during validation/test.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        schedule: ScheduleFamily | None = None,
+        lora: LoraSettings | None = None,
+        distillation: Distillation | None = None,
+        dense_loss_weight: float = 0.0,
+        curriculum: Curriculum | None = None,
+        init_from: str | None = None,
+        learning_rate: float = 2e-4,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 0,
+        lr_schedule: Literal["cosine", "linear", "constant"] = "cosine",
+        activation_checkpointing: bool = False,
+        attn_implementation: Literal["sdpa", "eager"] = "sdpa",
+        generation: GenerationSettings | None = None,
+    ) -> None:
+        super().__init__()
+        if schedule is not None and not isinstance(schedule, ScheduleFamily):
+            raise UsageError(f"schedule={schedule!r} is invalid: allowed a schedule family (SkipDecode, "
+                             "Ranked, Hierarchical, Static, Dense), e.g. schedule=SkipDecode(min_layers=..., "
+                             "max_layers=...)")
+        if lr_schedule not in LR_SCHEDULES:
+            raise UsageError(f"lr_schedule={lr_schedule!r} is invalid: allowed {sorted(LR_SCHEDULES)}")
+        if learning_rate <= 0:
+            raise UsageError(f"learning_rate={learning_rate} is invalid: allowed > 0")
+        if warmup_steps < 0:
+            raise UsageError(f"warmup_steps={warmup_steps} is invalid: allowed >= 0")
+        if dense_loss_weight < 0:
+            raise UsageError(f"dense_loss_weight={dense_loss_weight} is invalid: allowed >= 0")
+        if init_from is not None and not Path(init_from).exists():
+            raise UsageError(f"init_from={init_from!r} is invalid: allowed the path of an existing checkpoint or "
+                             "export")
+        if distillation is not None and distillation.teacher == "base" and lora is None:
+            raise UsageError("distillation.teacher='base' needs lora: the base model with adapters disabled is the "
+                             "teacher; use teacher 'dense' or a checkpoint path for full fine-tuning")
+        self.save_hyperparameters()
+        self.model_name = model
+        self.schedule_family = schedule
+        self.lora = lora
+        self.distillation = distillation
+        self.curriculum = curriculum
+        self.generation = generation if generation is not None else GenerationSettings()
+        self.model: torch.nn.Module | None = None
+        self._model_config: PretrainedConfig | None = None  # read by check_model
+        self.schedule: SkipSchedule | None = None
+        self.tokenizer = None
+        self._teacher: tuple[torch.nn.Module, ...] = ()  # a frozen teacher run, kept out of state_dict and optimizer
+        self._step_started: float | None = None
+        self.val_loss = torch.nn.ModuleDict({name: MeanMetric() for name in ("skip", "dense")})
+        self.rouge: ROUGEScore | None = None
+        self.bleu: SacreBLEUScore | None = None
+
+    @classmethod
+    def load_from_checkpoint(cls, *args: Any, **kwargs: Any) -> SkipLM:  # type: ignore[override]
+        """As Lightning's, with schedule families accepted by ``class_path`` in the stored hyper-parameters."""
+        accept_schedule_families()
+        return super().load_from_checkpoint(*args, **kwargs)
+
+    def setup(self, stage: str) -> None:
+        """Create the generation metrics; ``auto`` asks the data module which its task uses."""
+        metric = self.generation.metric
+        if metric == "auto":
+            datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+            metric = getattr(datamodule, "metric", None) or "none"
+        # ROUGE-Lsum is left out: it needs nltk data that cannot be fetched offline.
+        self.rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL")) if metric in ("rouge", "both") else None
+        self.bleu = SacreBLEUScore() if metric in ("bleu", "both") else None
+
+    # -- model ---------------------------------------------------------------------------------------------------
+    def _schedule_family(self) -> ScheduleFamily:
+        if self.schedule_family is None:
+            raise UsageError(f"model.schedule is required for model={self.model_name!r} (no default schedule): "
+                             "allowed SkipDecode, Ranked, Hierarchical, Static or Dense, e.g. --model.schedule "
+                             "SkipDecode --model.schedule.min_layers 8; only an export directory brings its own "
+                             "schedule")
+        return self.schedule_family
+
+    def check_model(self) -> PretrainedConfig | None:
+        """Refuse a model that cannot be found, or a schedule that does not fit it, from the model's config alone.
+
+        No weights are read (a GGUF file's header is, once: the config is kept for later calls). The CLI calls it
+        before a run directory or an output is written. An export directory is checked when it is loaded.
+
+        Returns:
+            The model's transformers config, or ``None`` for an export or a model already built.
+
+        Raises:
+            ModelError: for a model that cannot be found or is not a causal LM.
+            ScheduleError: for schedule parameters the model's layer count does not allow.
+            UsageError: for a missing schedule.
+        """
+        if self.model is not None or is_export(self.model_name):
+            return None
+        if self._model_config is None:
+            self._model_config = load_config(self.model_name)
+        self._schedule_family().build(self._model_config.num_hidden_layers)
+        return self._model_config
+
+    def configure_model(self) -> None:
+        """Load the model here (not in ``__init__``) so sharded strategies can build it."""
+        if self.model is not None:
+            return
+        family = self._schedule_family()
+        model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation).train()
+        self.schedule = family.build(model.config.num_hidden_layers)
+        if self.hparams.init_from is not None:
+            load_run_weights(model, self.hparams.init_from)
+        if self.distillation is not None and self.distillation.teacher not in TEACHERS:
+            teacher = trained_model(self.distillation.teacher, self.hparams.attn_implementation)
+            self._teacher = (teacher.eval().requires_grad_(False),)
+        if self.lora is not None:
+            targets = self.lora.target_modules or architecture(model.config.model_type).lora_targets
+            model = get_peft_model(model, LoraConfig(
+                r=self.lora.r, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
+                target_modules=list(targets), bias=self.lora.bias, task_type="CAUSAL_LM",
+            ))
+        if self.hparams.activation_checkpointing:
+            base = model.get_base_model() if isinstance(model, PeftModel) else model
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            if isinstance(model, PeftModel):
+                base.enable_input_require_grads()
+        self.model = model
+        decoder_parts(model)  # fail early on an unsupported architecture or attention implementation
+        rank_zero_info(
+            f"skiptrain: {self.model_name} ({self.schedule.num_layers} layers), schedule {self.schedule.family} "
+            f"{self.schedule.params}: {self.schedule.mean_layers_per_token():.2f} layers per generated token "
+            f"over its span of {self.schedule.span} tokens, ideal decode speedup {self.schedule.ideal_speedup():.2f}x"
+        )
+
+    def get_tokenizer(self):
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(self.model_name)
+        return self.tokenizer
+
+    # -- losses --------------------------------------------------------------------------------------------------
+    def target_logits(self, batch: dict[str, Any], schedule: SkipSchedule, model: torch.nn.Module | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[N, vocab]`` at the columns that predict a labelled token, and those labels ``[N]``
+        (:func:`~skiptrain.training.losses.target_logits`). ``model`` defaults to the model being trained."""
+        return target_logits(model or self.model, batch, schedule)
+
+    def teacher_logits(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The distillation teacher's target logits: the configured teacher at full depth, without gradient."""
+        dense = Dense().build(self.schedule.num_layers)
+        if self._teacher:
+            with torch.no_grad():
+                return self.target_logits(batch, dense, self._teacher[0])[0]
+        training = self.model.training
+        adapters = self.model.disable_adapter() if self.distillation.teacher == "base" else nullcontext()
+        self.model.eval()  # no dropout in the teacher
+        try:
+            with torch.no_grad(), adapters:
+                return self.target_logits(batch, dense)[0]
+        finally:
+            self.model.train(training)
+
+    def training_schedule(self) -> SkipSchedule:
+        """The schedule of this training step: the target, or its annealed form while a curriculum runs."""
+        if self.curriculum is None or self._trainer is None:
+            return self.schedule
+        total = self.trainer.estimated_stepping_batches
+        total = int(total) if math.isfinite(total) else self.trainer.max_steps
+        return anneal_from_dense(self.schedule, self.curriculum.progress(self.trainer.global_step, total))
+
+    def mean_layers_per_target(self, batch: dict[str, Any], schedule: SkipSchedule | None = None) -> float:
+        """Mean executed layers over the labelled generated tokens of a batch (what the schedule costs)."""
+        schedule = schedule or self.schedule
+        positions = (batch["labels"][:, 1:] != IGNORE_INDEX).nonzero()[:, 1] + 1 - batch["prompt_length"]
+        sizes = [len(schedule.executed_layers(int(g))) for g in positions.clamp(min=0).tolist()]
+        return sum(sizes) / max(len(sizes), 1)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        schedule = self.training_schedule()
+        logits, targets = self.target_logits(batch, schedule)
+        ce = target_cross_entropy(logits, targets)
+        loss = ce
+        if self.hparams.dense_loss_weight > 0:
+            dense_ce = target_cross_entropy(*self.target_logits(batch, Dense().build(schedule.num_layers)))
+            loss = loss + self.hparams.dense_loss_weight * dense_ce
+            self.log("train/ce_dense", dense_ce, on_step=True)
+        if self.distillation is not None:
+            kl = distillation_kl(logits, self.teacher_logits(batch), self.distillation.temperature)
+            loss = loss + self.distillation.weight * kl
+            self.log("train/kl", kl, on_step=True, prog_bar=False)
+        self.log("train/loss", loss, on_step=True, prog_bar=True)
+        self.log("train/ce", ce, on_step=True)
+        self.log("train/mean_layers", self.mean_layers_per_target(batch, schedule), on_step=True)
+        return loss
+
+    def on_fit_start(self) -> None:
+        for teacher in self._teacher:
+            teacher.to(self.device)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._step_started = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Tokens per second of the whole step: forward, backward and optimizer."""
+        seconds = time.perf_counter() - self._step_started
+        self.log("train/tokens_per_s", float(batch["attention_mask"].sum()) / seconds, on_step=True, prog_bar=True)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.log("train/lr", optimizer.param_groups[0]["lr"], on_step=True)
+
+    # -- evaluation ------------------------------------------------------------------------------------------------
+    def _evaluate(self, batch: dict[str, Any], batch_idx: int, stage: str) -> None:
+        weight = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+        if weight == 0:
+            return
+        dense = Dense().build(self.schedule.num_layers)
+        for name, schedule in (("skip", self.schedule), ("dense", dense)):
+            loss = target_cross_entropy(*self.target_logits(batch, schedule))
+            self.val_loss[name].update(loss, weight)
+        if self.generation.num_batches != 0 and (self.rouge or self.bleu) and "references" in batch:
+            if self.generation.num_batches < 0 or batch_idx < self.generation.num_batches:
+                predictions = self.generate_text(batch["prompt_input_ids"], batch["prompt_attention_mask"])
+                if self.rouge is not None:
+                    self.rouge.update(predictions, [refs[0] for refs in batch["references"]])
+                if self.bleu is not None:
+                    self.bleu.update(predictions, batch["references"])
+
+    def _log_evaluation(self, stage: str) -> None:
+        losses = {}
+        for name, metric in self.val_loss.items():
+            if metric.update_count == 0:
+                continue
+            losses[name] = metric.compute()
+            metric.reset()
+            self.log(f"{stage}/loss_{name}", losses[name], prog_bar=name == "skip", sync_dist=False)
+            self.log(f"{stage}/ppl_{name}", torch.exp(losses[name]))
+        if len(losses) == 2:
+            self.log(f"{stage}/ppl_gap", torch.exp(losses["skip"]) - torch.exp(losses["dense"]))
+        if self.rouge is not None and self.rouge.update_count:
+            for key, value in self.rouge.compute().items():
+                if key.endswith("_fmeasure"):
+                    self.log(f"{stage}/{key.removesuffix('_fmeasure')}", value)
+            self.rouge.reset()
+        if self.bleu is not None and self.bleu.update_count:
+            self.log(f"{stage}/bleu", self.bleu.compute())
+            self.bleu.reset()
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_evaluation("val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_evaluation("test")
+
+    def generate_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      schedule: SkipSchedule | None = None) -> list[str]:
+        """Generate continuations of left-padded prompts with the skip-aware front-end and decode them."""
+        tokenizer = self.get_tokenizer()
+        return generate(
+            self.model, input_ids, attention_mask, schedule or self.schedule,
+            max_new_tokens=self.generation.max_new_tokens, sampling=self.generation.sampling,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            synced=self._trainer is not None and self.trainer.world_size > 1,  # same layer calls on every rank
+        ).texts(tokenizer)
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
+        predictions = self.generate_text(batch["prompt_input_ids"], batch["prompt_attention_mask"])
+        sources = batch.get("sources") or [""] * len(predictions)
+        return [{"source": s, "prediction": p} for s, p in zip(sources, predictions, strict=True)]
+
+    # -- optimisation ----------------------------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=self.hparams.learning_rate, betas=tuple(self.hparams.betas),
+                                      weight_decay=self.hparams.weight_decay)
+        total = self.trainer.estimated_stepping_batches
+        total = int(total) if math.isfinite(total) else 10**9
+        factory = LR_SCHEDULES[self.hparams.lr_schedule]
+        kwargs = {} if self.hparams.lr_schedule == "constant" else {"num_training_steps": max(total, 1)}
+        scheduler = factory(optimizer, num_warmup_steps=self.hparams.warmup_steps, **kwargs)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
