@@ -37,6 +37,7 @@ def run(steps: int, sources_count: int, new_tokens: int, work: Path) -> dict:
     cli = main(["fit", "--config", str(ROOT / "recipes/quickstart.yaml"),
                 "--config", str(ROOT / "recipes/fragments/smollm2-135m_chat.yaml"),
                 "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(steps),
+                "--data.max_train_samples", str(8 * steps),
                 "--data.max_eval_samples", str(sources_count), "--model.generation.num_batches", "0",
                 "--trainer.default_root_dir", str(work / "run"), "--trainer.logger.init_args.save_dir",
                 str(work / "run"), "--trainer.callbacks+=" + EXPORT % (work / "export")])

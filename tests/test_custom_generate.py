@@ -15,12 +15,12 @@ import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, TextStreamer, pipeline
 
 from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forward
-from skiptrain.export.custom_generate import DECODER_LAYERS, SkipScheduleError, decoder_layers
+from skiptrain.export.custom_generate import DECODER_LAYERS, UNSUPPORTED, SkipScheduleError, decoder_layers
 from skiptrain.export.write import CUSTOM_GENERATE_FILE, PROMPT_FORMAT_FILE
 from skiptrain.modeling.architectures import ARCHITECTURES
 from skiptrain.modeling.loading import load_tokenizer
 
-HF_FAMILIES = ("llama", "qwen2", "opt", "gpt2")
+HF_FAMILIES = ("llama", "qwen2", "opt", "gpt2", "qwen3", "phi3")
 PROMPTS = [
     "Describe the weather in one sentence. Forecast: city[Oslo], day[Monday]",
     "The council met",
@@ -242,4 +242,13 @@ def test_the_export_ships_a_self_contained_copy(export):
     config = json.loads((export("llama") / "config.json").read_text())
     assert "auto_map" not in config, "the model class stays transformers' own"
     # the same layers skiptrain's own forward drives, for every architecture in its table
-    assert DECODER_LAYERS == {name: entry.layers_path for name, entry in ARCHITECTURES.items()}
+    assert DECODER_LAYERS == {name: entry.layers_path for name, entry in ARCHITECTURES.items()
+                              if name not in UNSUPPORTED}
+    assert set(UNSUPPORTED) <= set(ARCHITECTURES), "refused by name, with the reason"
+
+
+def test_gemma2_is_refused_with_its_reason(export):
+    model = hf_skip_model(export("gemma2"))
+    with pytest.raises(ValueError, match="model_type='gemma2' is not supported by the skip schedule's custom "
+                                         "generate: .*decode with skiptrain generate"):
+        model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=2)

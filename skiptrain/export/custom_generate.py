@@ -44,8 +44,17 @@ DECODER_LAYERS = {
     "llama": "model.layers",
     "mistral": "model.layers",
     "qwen2": "model.layers",
+    "qwen3": "model.layers",
+    "phi3": "model.layers",
     "opt": "model.decoder.layers",
     "gpt2": "transformer.h",
+}
+
+
+# model_type -> why the custom generate cannot decode it exactly (skiptrain's own generate can)
+UNSUPPORTED = {
+    "gemma2": "transformers sizes each call's global-attention mask by the first global layer, whose cache the "
+              "schedule can leave short",
 }
 
 
@@ -88,6 +97,10 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     Raises:
         SkipScheduleError: naming the ``model_type`` and the supported ones.
     """
+    if model.config.model_type in UNSUPPORTED:
+        raise SkipScheduleError(f"model_type={model.config.model_type!r} is not supported by the skip schedule's "
+                                f"custom generate: {UNSUPPORTED[model.config.model_type]}; decode with skiptrain "
+                                "generate")
     path = DECODER_LAYERS.get(model.config.model_type)
     if path is None:
         raise SkipScheduleError(f"model_type={model.config.model_type!r} is not supported by the skip schedule's "

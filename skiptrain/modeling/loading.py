@@ -27,6 +27,7 @@ from transformers import (
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from skiptrain.errors import ModelError
+from skiptrain.modeling.architectures import attention_for
 
 # Short names for models that ship inside a Python package, so they load with no network.
 BUNDLED_MODELS: dict[str, tuple[str, str]] = {
@@ -130,7 +131,8 @@ def context_length(config: PretrainedConfig) -> int | None:
 def load_causal_lm(
     name_or_path: str, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None
 ) -> PreTrainedModel:
-    """Load a causal LM with plain ``transformers`` (GGUF weights are de-quantised).
+    """Load a causal LM with plain ``transformers`` (GGUF weights are de-quantised), with ``attn_implementation`` or,
+    where its architecture lacks it, the one the architecture supports (:func:`attention_for`).
 
     Raises:
         ModelError: naming the model, for one that cannot be found, or missing, truncated or corrupt weights.
@@ -139,9 +141,13 @@ def load_causal_lm(
     kwargs = source.kwargs()
     if source.gguf_file is not None:
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    attention = attention_for(load_config(name_or_path).model_type, attn_implementation)
+    if attention != attn_implementation:
+        rank_zero_info(f"skiptrain: {name_or_path} uses attn_implementation={attention!r}: its architecture does not "
+                       f"support {attn_implementation!r}")
     with _loading(name_or_path):
         model = AutoModelForCausalLM.from_pretrained(
-            source.path, attn_implementation=attn_implementation, dtype=dtype or torch.float32, **kwargs
+            source.path, attn_implementation=attention, dtype=dtype or torch.float32, **kwargs
         )
     if source.gguf_file is not None:
         model.hf_quantizer = None  # de-quantised: a plain model that saves and trains like any other

@@ -32,7 +32,7 @@ def target_logits(model: nn.Module, batch: Mapping[str, Any], schedule: SkipSche
     selected = targets != IGNORE_INDEX
     hidden = skip_hidden_states(model, batch["input_ids"], batch["attention_mask"], schedule,
                                 batch["prompt_length"], parts=parts)[:, :-1][selected]  # [N, H]
-    return parts.lm_head(hidden).float(), targets[selected]
+    return parts.logits(hidden).float(), targets[selected]
 
 
 def target_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
