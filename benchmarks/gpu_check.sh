@@ -28,7 +28,7 @@
 # ZERO3_STRATEGY / FSDP_STRATEGY (JSON class_path objects), GPU_CHECK_WORK (/tmp/skiptrain_gpu_check). A CPU dry
 # run of the whole script on a tiny model: GPU_CHECK_MODEL=<tiny model dir> GPU_CHECK_ACCELERATOR=cpu
 # PRECISION=32-true STEPS=4 BATCH=2 PYTHONPATH=tests ZERO3_STRATEGY='{"class_path":
-# "cpu_strategies.CPUDeepSpeedStrategy", "init_args": {"stage": 3}}' bash benchmarks/gpu_check.sh
+# "helpers.cpu_strategies.CPUDeepSpeedStrategy", "init_args": {"stage": 3}}' bash benchmarks/gpu_check.sh
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -92,7 +92,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 
 step "model"
-MODEL=$("$PY" benchmarks/gpu_check.py --results "$RESULTS" model --work "$WORK" --model "${GPU_CHECK_MODEL:-}")
+MODEL=$(PYTHONPATH="tests${PYTHONPATH:+:$PYTHONPATH}" "$PY" benchmarks/gpu_check.py --results "$RESULTS" model --work "$WORK" --model "${GPU_CHECK_MODEL:-}")
 read -r -a SCHEDULE <<< "$("$PY" benchmarks/gpu_check.py --results "$RESULTS" schedule --model "$MODEL")"
 echo "model: $MODEL; schedule: ${SCHEDULE[*]}"
 
@@ -141,7 +141,7 @@ step "reload the export; skip-aware vs dense decoding"
 "$PY" benchmarks/gpu_check.py --results "$RESULTS" bench --export "$WORK/export" --batch "$BATCH" --new-tokens 128
 
 step "side by side: transformers and skiptrain, dense and 2x ($FRONTENDS_DTYPE, batch 1, 8 and 32)"
-"$PY" benchmarks/bench_frontends.py --device "$DEVICE" --dtype "$FRONTENDS_DTYPE" --batches 1,8,32 \
+"$PY" -m benchmarks.bench_frontends --device "$DEVICE" --dtype "$FRONTENDS_DTYPE" --batches 1,8,32 \
     ${FRONTENDS_ARGS:-} --out "$RESULTS_DIR/frontends_gpu.json"
 
 step "done in $((SECONDS - started)) s: $RESULTS"

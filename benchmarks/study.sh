@@ -2,11 +2,12 @@
 # One configuration of a quality-at-speed study (benchmarks/RESULTS.md), from the repository root:
 #   bash benchmarks/study.sh STUDY SCHEDULE [LEVER ...]        e.g. bash benchmarks/study.sh e2e skipdecode2x curriculum
 # STUDY is a folder here with study.env (training base config, dev and test data, scoring options): e2e or xsum.
-# SCHEDULE names benchmarks/e2e/schedule_SCHEDULE.yaml, each LEVER benchmarks/levers/LEVER.yaml (runs/STUDY/ in a
+# SCHEDULE names benchmarks/schedules/SCHEDULE.yaml (shared by every study), each LEVER benchmarks/levers/LEVER.yaml (runs/STUDY/ in a
 # lever means this study's runs), stacked on the study's base config. The run is named SCHEDULE+LEVER+... (plus
 # _sN for SEED=N, default 0); its checkpoint lands in runs/STUDY/NAME/last.ckpt, its wall time in wall_seconds. A
 # lever that starts from another run (runs/STUDY/OTHER/last.ckpt) trains OTHER first when it is missing. Then the
-# model is scored under its own schedule (or DECODE=SCHEDULE, e.g. plug-and-play skipping of a dense run) on the
+# model is scored (benchmarks/score.py: the study's base config plus the decoded schedule, read by skiptrain's CLI
+# parser) under its own schedule (or DECODE=SCHEDULE, e.g. plug-and-play skipping of a dense run) on the
 # dev splits, used to choose settings, and on the test split: benchmarks/results/STUDY/study/NAME[@DECODE].{dev,devmatch,test}.json.
 # One core and one thread per job (CORE, THREADS).
 set -euo pipefail
@@ -20,7 +21,7 @@ name=$(IFS=+; echo "$schedule${*:++$*}")
 run=runs/$study/$name
 mkdir -p "$run/levers"
 [ -z "${PREPARE:-}" ] || $PREPARE
-configs=(--config "$TRAIN_BASE" --config "benchmarks/e2e/schedule_${schedule}.yaml")
+configs=(--config "$TRAIN_BASE" --config "benchmarks/schedules/${schedule}.yaml")
 for lever in "$@"; do
   sed "s|runs/STUDY/|runs/$study/|g" "benchmarks/levers/${lever}.yaml" > "$run/levers/${lever}.yaml"
   configs+=(--config "$run/levers/${lever}.yaml")
@@ -47,7 +48,7 @@ for split in dev devmatch test; do
   case $split in dev) data=$DEV_DATA ;; devmatch) data=${MATCHED_DEV_DATA:-} ;; test) data=$TEST_DATA ;; esac
   [ -n "$data" ] || continue
   # shellcheck disable=SC2086
-  [ -e "$out/$scored.$split.json" ] || taskset -c "${CORE:-1}" python benchmarks/e2e/score.py --name "$scored" \
-    --checkpoint "$run/last.ckpt" --decode-schedule "benchmarks/e2e/schedule_${decode}.yaml" --data "$data" \
-    --threads "${THREADS:-1}" $SCORE_ARGS --out "$out/$scored.$split.json"
+  [ -e "$out/$scored.$split.json" ] || taskset -c "${CORE:-1}" python -m benchmarks.score --name "$scored" \
+    --checkpoint "$run/last.ckpt" --config "$TRAIN_BASE" --config "benchmarks/schedules/${decode}.yaml" \
+    --data "$data" --threads "${THREADS:-1}" $SCORE_ARGS --out "$out/$scored.$split.json"
 done

@@ -47,9 +47,14 @@ class ExportCallback(Callback):
         self.overwrite = overwrite
         self.which = which
 
+    def check_target(self) -> None:
+        """Refuse a target that exists and is not empty (unless ``overwrite``): the CLI calls it before a fit reads
+        any data, and the fit's start checks again."""
+        check_output_dir(self.output_dir, self.overwrite)
+
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
-            check_output_dir(self.output_dir, self.overwrite)
+            self.check_target()
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: SkipLM) -> None:
         if not trainer.is_global_zero:

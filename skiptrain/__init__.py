@@ -33,9 +33,9 @@ _LAZY: dict[str, str] = {
     "GenerationOutput": "skiptrain.modeling.generation",
     "SamplingConfig": "skiptrain.modeling.generation",
     "generate": "skiptrain.modeling.generation",
-    "ExportError": "skiptrain.export.write",
-    "ExportedModel": "skiptrain.export.write",
-    "load_exported": "skiptrain.export.write",
+    "ExportError": "skiptrain.export.format",
+    "ExportedModel": "skiptrain.export.load",
+    "load_exported": "skiptrain.export.load",
     "PairCollator": "skiptrain.training.integration",
     "skip_aware": "skiptrain.training.integration",
     "skip_loss": "skiptrain.training.integration",
@@ -77,7 +77,8 @@ if TYPE_CHECKING:
         Static,
         skipdecode_for_speedup,
     )
-    from skiptrain.export.write import ExportedModel, ExportError, load_exported
+    from skiptrain.export.format import ExportError
+    from skiptrain.export.load import ExportedModel, load_exported
     from skiptrain.modeling.forward import position_ids_from_mask, skip_forward, skip_hidden_states
     from skiptrain.modeling.generation import GenerationOutput, SamplingConfig, generate
 

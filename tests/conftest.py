@@ -4,14 +4,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))  # test helpers (tiny_models, tiny_tokenizer) import by name
-
 import pytest  # noqa: E402
-from tiny_models import tiny_model  # noqa: E402
-from tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
+from helpers.tiny_models import tiny_model  # noqa: E402
+from helpers.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
+
+from skiptrain.core.schedules import Hierarchical, Ranked, SkipDecode  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -36,26 +35,32 @@ def tiny_model_dir(tmp_path_factory):
     return make
 
 
+EXPORT_SCHEDULES = {
+    "skipdecode": SkipDecode(max_layers=5, min_layers=2, decay_tokens=4),  # 5, 4, 3, 3, 2, 2, ... layers
+    "ranked": Ranked(max_layers=5, min_layers=2, decay_tokens=4, ranking=(3, 1, 5, 2, 4, 0)),
+    "hierarchical": Hierarchical(phase_boundaries=(0, 3), max_level=2),
+}
+"""The schedules :func:`skip_export` can export with, as the schedule families that build them."""
+
+
 @pytest.fixture(scope="session")
 def skip_export(tiny_model_dir, tmp_path_factory):
-    """``skip_export(family)``: a merged export of a tiny 6-layer model with a SkipDecode schedule (5, 4, 3, 3, 2, 2,
-    ... layers per generated token)."""
-    from skiptrain.core.schedules import SkipDecode
+    """``skip_export(family, schedule="skipdecode")``: a merged export of a tiny 6-layer model with one of the
+    :data:`EXPORT_SCHEDULES`."""
     from skiptrain.export.record import ExportRecord
     from skiptrain.export.write import write_export
     from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
 
     made = {}
 
-    def make(family: str) -> Path:
-        if family not in made:
+    def make(family: str, schedule: str = "skipdecode") -> Path:
+        if (family, schedule) not in made:
             model_dir = tiny_model_dir(family, 6)
-            target = tmp_path_factory.mktemp(f"export_{family}") / "export"
-            schedule = SkipDecode(max_layers=5, min_layers=2, decay_tokens=4).build(6)
-            write_export(load_causal_lm(model_dir), load_tokenizer(model_dir), schedule, target,
-                         ExportRecord(model_dir))
-            made[family] = target
-        return made[family]
+            target = tmp_path_factory.mktemp(f"export_{family}_{schedule}") / "export"
+            built = EXPORT_SCHEDULES[schedule].build(6)
+            write_export(load_causal_lm(model_dir), load_tokenizer(model_dir), built, target, ExportRecord(model_dir))
+            made[family, schedule] = target
+        return made[family, schedule]
 
     return make
 

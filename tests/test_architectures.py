@@ -4,8 +4,8 @@ mixture-of-experts models are refused by name. (Parity with KV-cached decoding a
 tests/test_forward.py; the custom generate: tests/test_custom_generate.py; export round trips: tests/test_export.py.)"""
 
 import pytest
+from helpers.tiny_models import left_padded_batch, tiny_config, tiny_model
 from peft import LoraConfig, get_peft_model
-from tiny_models import left_padded_batch, tiny_config, tiny_model
 from transformers import AutoModelForCausalLM
 
 from skiptrain import SkipDecode, generate, skip_forward

@@ -7,11 +7,11 @@ import json
 
 import pytest
 import torch
+from helpers.cli_args import tiny_args
 from safetensors.torch import load_file
-from test_training import tiny_args
 
 from skiptrain.cli.app import main
-from skiptrain.export.write import SCHEDULE_FILE, read_record
+from skiptrain.export.format import SCHEDULE_FILE, read_record
 from skiptrain.training.checkpoints import checkpoint_metadata, consolidate_checkpoint
 
 # train/lr falls every step under a cosine schedule without warm-up: the best checkpoint by max lr is step 1's

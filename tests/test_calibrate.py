@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_training import tiny_args
+from helpers.cli_args import tiny_args
 
 from skiptrain.cli.app import main
 from skiptrain.core.schedules import Dense, Ranked, ScheduleError, SkipDecode, Static

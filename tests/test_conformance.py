@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from skiptrain.cli.app import main
 from skiptrain.core.schedules import Dense
-from skiptrain.export.write import read_skip_schedule
+from skiptrain.export.format import read_skip_schedule
 from skiptrain.frontends.conformance import ConformanceError, check_outputs, read_outputs, read_vectors
 
 PROMPTS = ["The council met on Monday", "Describe the restaurant in one sentence. Attributes: name[The Eagle]",
@@ -93,4 +93,4 @@ def test_unreadable_files_are_refused_naming_the_line(skip_export, tmp_path):
     other = {"format": "skiptrain.conformance", "version": 1, "skip_schedule": Dense().build(6).to_dict()}
     vectors.write_text(json.dumps(other))
     with pytest.raises(ConformanceError, match="was written for another schedule than .*skip_schedule.json"):
-        read_vectors(vectors, skip_export("llama"))
+        read_vectors(vectors, read_skip_schedule(skip_export("llama"))[0])

@@ -7,20 +7,30 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import random
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.schedules import random_family
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, TextStreamer, pipeline
 
 from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forward
-from skiptrain.export.custom_generate import DECODER_LAYERS, UNSUPPORTED, SkipScheduleError, decoder_layers
-from skiptrain.export.write import CUSTOM_GENERATE_FILE, PROMPT_FORMAT_FILE
+from skiptrain.core.schedules import ScheduleError, SkipSchedule
+from skiptrain.export.custom_generate import (
+    DECODER_LAYERS,
+    UNSUPPORTED,
+    SkipScheduleError,
+    decoder_layers,
+    read_schedule,
+)
+from skiptrain.export.format import CUSTOM_GENERATE_FILE, PROMPT_FORMAT_FILE
 from skiptrain.modeling.architectures import ARCHITECTURES
 from skiptrain.modeling.loading import load_tokenizer
 
-HF_FAMILIES = ("llama", "qwen2", "opt", "gpt2", "qwen3", "phi3")
+HF_FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2", "qwen3", "phi3")
 PROMPTS = [
     "Describe the weather in one sentence. Forecast: city[Oslo], day[Monday]",
     "The council met",
@@ -61,9 +71,10 @@ class Recorder(LogitsProcessor):
         return scores
 
 
-@pytest.mark.parametrize("family", HF_FAMILIES)
-def test_greedy_generate_equals_skiptrain_tokens_and_logits(export, family):
-    path = export(family)
+@pytest.mark.parametrize(("family", "schedule"), [(family, "skipdecode") for family in HF_FAMILIES]
+                         + [("llama", "ranked"), ("llama", "hierarchical"), ("mistral-sliding", "skipdecode")])
+def test_greedy_generate_equals_skiptrain_tokens_and_logits(export, family, schedule):
+    path = export(family, schedule)
     tokenizer = load_tokenizer(str(path))
     batch = prompt_batch(tokenizer)
     expected, _ = reference(path, batch, return_logits=True)
@@ -252,3 +263,57 @@ def test_gemma2_is_refused_with_its_reason(export):
     with pytest.raises(ValueError, match="model_type='gemma2' is not supported by the skip schedule's custom "
                                          "generate: .*decode with skiptrain generate"):
         model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=2)
+
+
+def _explicit(num_layers: int = 6, **changes) -> dict:
+    """A valid ``skip_schedule`` object given only as layer lists (family ``explicit``), with ``changes`` applied."""
+    record = SkipSchedule(num_layers, (0, 1, 2, 3, 4, 5), ((0, 1, 3, 4), (0, 3), (0,)), family="explicit").to_dict()
+    return {**record, **changes}
+
+
+INVALID_SCHEDULES = {
+    "not ascending": _explicit(prompt_layers=[0, 2, 1, 3, 4, 5]),
+    "a repeated layer": _explicit(executed_layers=[[0, 0, 1], [0]]),
+    "no layer 0": _explicit(executed_layers=[[1, 3], [1]]),
+    "not nested": _explicit(executed_layers=[[0, 3], [0, 4]]),
+    "a layer past the last": _explicit(prompt_layers=[0, 1, 2, 3, 4, 5, 6]),
+    "a negative layer": _explicit(executed_layers=[[-1, 0, 1]]),
+    "no executed layers": _explicit(executed_layers=[]),
+    "no prompt layers": {k: v for k, v in _explicit().items() if k != "prompt_layers"},
+    "another format": _explicit(format="other.schedule"),
+    "another schema version": _explicit(schema_version=2),
+    "another position": _explicit(position="absolute"),
+    "another layer count": _explicit(num_layers=8),
+}
+
+
+def _skiptrain_accepts(record: dict, num_layers: int) -> bool:
+    """skiptrain's reader of an export's schedule: the contract, then the model's layer count."""
+    try:
+        SkipSchedule.from_dict(record).check_num_layers(num_layers)
+    except ScheduleError:
+        return False
+    return True
+
+
+def _custom_generate_accepts(record: dict, num_layers: int) -> bool:
+    try:
+        read_schedule(SimpleNamespace(skip_schedule=record, num_hidden_layers=num_layers))
+    except SkipScheduleError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", sorted(INVALID_SCHEDULES))
+def test_custom_generate_and_skiptrain_refuse_the_same_invalid_schedules(name):
+    record = INVALID_SCHEDULES[name]
+    assert not _skiptrain_accepts(record, 6) and not _custom_generate_accepts(record, 6)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_custom_generate_and_skiptrain_accept_the_same_valid_schedules(seed):
+    num_layers = random.Random(seed).choice([3, 6, 12, 30])
+    record = random_family(random.Random(seed), num_layers).build(num_layers).to_dict()
+    assert _skiptrain_accepts(record, num_layers) and _custom_generate_accepts(record, num_layers)
+    assert read_schedule(SimpleNamespace(skip_schedule=record, num_hidden_layers=num_layers)) == (
+        tuple(record["prompt_layers"]), tuple(tuple(s) for s in record["executed_layers"]))

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import pickle
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,12 +16,16 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
+from helpers.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 
 from skiptrain.data.builtin_task import STYLES, build_builtin_dataset, format_mr, parse_mr, render, sample_record  # noqa: E402
-from skiptrain.data.datamodule import SkipDataModule, group_references, infer_builder, resolve_columns  # noqa: E402
+from skiptrain.data.columns import (
+    group_references,
+    resolve_columns,  # noqa: E402
+)
+from skiptrain.data.datamodule import SkipDataModule  # noqa: E402
+from skiptrain.data.loading import infer_builder
 from skiptrain.modeling.forward import position_ids_from_mask
 from skiptrain.modeling.loading import prepare_tokenizer  # noqa: E402
 from skiptrain.text.batch import IGNORE_INDEX, Collator, collate  # noqa: E402

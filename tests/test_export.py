@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.cli_args import tiny_args
 from safetensors.torch import load_file, save_file
-from test_training import tiny_args
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skiptrain import Dense, SkipSchedule, load_exported, skip_forward
@@ -22,16 +22,10 @@ from skiptrain.cli.app import main
 from skiptrain.cli.trainer import SkipTrainer
 from skiptrain.core.output_dir import OutputDirError
 from skiptrain.core.schedules import Ranked, SkipDecode
+from skiptrain.export.format import CONFIG_KEY, SCHEDULE_FILE, ExportError, read_skip_schedule
 from skiptrain.export.record import ExportRecord
-from skiptrain.export.write import (
-    CONFIG_KEY,
-    SCHEDULE_FILE,
-    ExportError,
-    check_exported_weights,
-    check_tensors,
-    read_skip_schedule,
-    write_export,
-)
+from skiptrain.export.verify import check_exported_weights, check_tensors
+from skiptrain.export.write import write_export
 from skiptrain.frontends.inference import read_prompts
 from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
 from skiptrain.training.checkpoints import CheckpointError, consolidate_checkpoint

@@ -16,19 +16,18 @@ from safetensors.torch import load_file, save_file
 
 from skiptrain.core.key_diff import KeyDiff, diff_keys, list_names
 from skiptrain.core.schedules import Dense, SkipDecode
-from skiptrain.export.record import NOT_RECORDED, ExportRecord, producer
-from skiptrain.export.write import (
+from skiptrain.export.format import (
     ADAPTER_CONFIG_FILE,
     CONFIG_FILE,
     CONFIG_KEY,
     SCHEDULE_FILE,
     ExportError,
-    check_tensors,
-    load_exported,
     read_record,
-    verify_export,
-    write_export,
 )
+from skiptrain.export.load import load_exported
+from skiptrain.export.record import NOT_RECORDED, ExportRecord, producer
+from skiptrain.export.verify import check_tensors, verify_export
+from skiptrain.export.write import write_export
 from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
 from skiptrain.training.checkpoints import CheckpointError, consolidate_checkpoint
 

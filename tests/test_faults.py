@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 from fsspec.implementations.local import LocalFileOpener
-from interrupt import DiskFull
-from test_training import read_metrics, tiny_args
+from helpers.cli_args import read_metrics, tiny_args
+from helpers.interrupt import DiskFull
 
 from skiptrain.cli.app import main
 from skiptrain.core.output_dir import OutputDirError
 from skiptrain.core.schedules import SkipDecode
 from skiptrain.export.record import ExportRecord
-from skiptrain.export.write import verify_export, write_export
+from skiptrain.export.verify import verify_export
+from skiptrain.export.write import write_export
 from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
 from skiptrain.training.checkpoints import checkpoint_metadata
 
@@ -40,7 +41,7 @@ def fit_args(model_dir: str, run_dir: Path, *extra: str) -> list[str]:
 
 
 def signal_at(step: int, name: str) -> str:
-    return f'--trainer.callbacks+={{"class_path": "interrupt.SignalAtStep", "init_args": {{"step": {step}, ' \
+    return f'--trainer.callbacks+={{"class_path": "helpers.interrupt.SignalAtStep", "init_args": {{"step": {step}, ' \
            f'"signal": "{name}"}}}}'
 
 
@@ -91,7 +92,8 @@ def test_sigterm_saves_a_resumable_checkpoint_before_exit(tiny_model_dir, tmp_pa
 
 
 def test_a_checkpoint_write_cut_short_keeps_the_previous_last_ckpt(tiny_model_dir, tmp_path):
-    failing = '--trainer.callbacks+={"class_path": "interrupt.FailLastCheckpointWrite", "init_args": {"epoch": 1}}'
+    failing = ('--trainer.callbacks+={"class_path": "helpers.interrupt.FailLastCheckpointWrite", '
+               '"init_args": {"epoch": 1}}')
     write = LocalFileOpener.write
     with pytest.raises(DiskFull):
         main(fit_args(tiny_model_dir("llama"), tmp_path / "run", failing))

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
+from helpers.tiny_models import ARCHITECTURES, SLIDING_WINDOW, left_padded_batch, tiny_model
 from peft import LoraConfig, get_peft_model
-from tiny_models import FAMILIES, left_padded_batch, tiny_model
 
 from skiptrain import Dense, Hierarchical, Ranked, SkipDecode, Static, generate, position_ids_from_mask, skip_forward
 from skiptrain.modeling.architectures import decoder_parts
@@ -20,7 +20,7 @@ SCHEDULES = {
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("schedule_name", sorted(SCHEDULES))
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ARCHITECTURES)
 def test_training_forward_equals_kv_cached_decoding(family, schedule_name, attn):
     model = tiny_model(family, NUM_LAYERS, attn=attn)
     schedule = SCHEDULES[schedule_name].build(NUM_LAYERS)
@@ -40,7 +40,21 @@ def test_training_forward_equals_kv_cached_decoding(family, schedule_name, attn)
     assert (dense[:, prompt_length:] - logits[:, prompt_length:]).abs().max().item() > 1e-2
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+def test_the_sliding_window_is_shorter_than_the_sequences_it_masks():
+    """The sliding-window Mistral differs from the same weights with full attention exactly from the first column
+    whose window excludes a real earlier token, so the parity tests above run its sliding-window masks."""
+    sliding = tiny_model("mistral-sliding", NUM_LAYERS)
+    full = tiny_model("mistral", NUM_LAYERS)  # the same seed: the same weights
+    assert torch.equal(sliding.model.layers[0].self_attn.q_proj.weight, full.model.layers[0].self_attn.q_proj.weight)
+    ids, mask = left_padded_batch(batch=1, prompt_length=7, continuation=12)
+    schedule = Dense().build(NUM_LAYERS)
+    with torch.no_grad():
+        windowed, unwindowed = (skip_forward(m, ids, mask, schedule, 7) for m in (sliding, full))
+    differs = (windowed - unwindowed).abs().amax(dim=-1)[0] > 1e-5
+    assert not differs[:SLIDING_WINDOW].any() and differs[SLIDING_WINDOW:].all()
+
+
+@pytest.mark.parametrize("family", ARCHITECTURES)
 def test_dense_schedule_reproduces_transformers(family):
     model = tiny_model(family, NUM_LAYERS)
     prompt_length = 6

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from tiny_models import left_padded_batch, tiny_model
+from helpers.tiny_models import left_padded_batch, tiny_model
 
 from skiptrain import Dense, Hierarchical, Ranked, SamplingConfig, SkipDecode, generate
 from skiptrain.modeling.architectures import decoder_parts

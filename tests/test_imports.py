@@ -60,7 +60,7 @@ def test_every_public_name_resolves():
 
 def test_public_names_are_the_defining_modules_objects():
     from skiptrain.core import schedules
-    from skiptrain.export import write as export
+    from skiptrain.export import load as export
     from skiptrain.modeling import forward, generation
 
     assert skiptrain.SkipDecode is schedules.SkipDecode

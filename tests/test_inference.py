@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from tiny_models import tiny_model
-from tiny_tokenizer import build_tiny_tokenizer
+from helpers.tiny_models import tiny_model
+from helpers.tiny_tokenizer import build_tiny_tokenizer
 
 from skiptrain.core.schedules import Dense, ScheduleError, SkipDecode, SkipSchedule
 from skiptrain.core.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
@@ -24,7 +24,8 @@ PROMPTS = ["Write the weather forecast.\nData: city[Oslo]\nForecast:", "Monday",
 
 
 def test_inference_imports_no_data_pipeline():
-    pipeline = ("datasets", "skiptrain.data.datamodule", "skiptrain.data.builtin_task")
+    pipeline = ("datasets", "skiptrain.data.datamodule", "skiptrain.data.loading", "skiptrain.data.columns",
+                "skiptrain.data.tokenized", "skiptrain.data.builtin_task")
     code = ("import json, sys, skiptrain.frontends.inference; "
             f"print(json.dumps([m for m in {pipeline!r} if m in sys.modules]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

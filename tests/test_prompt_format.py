@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from test_training import tiny_args
+from helpers.cli_args import tiny_args
 from transformers import AutoModelForCausalLM
 
 from skiptrain import generate, load_exported
@@ -18,7 +18,7 @@ from skiptrain.cli.app import main
 from skiptrain.cli.trainer import SkipTrainer
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import DataError, UsageError
-from skiptrain.export.write import read_record
+from skiptrain.export.format import read_record
 from skiptrain.modeling.loading import load_tokenizer
 from skiptrain.text.batch import collate_prompts
 from skiptrain.text.prompt_format import PromptFormat, PromptFormatError

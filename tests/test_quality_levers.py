@@ -4,9 +4,9 @@ import random
 
 import pytest
 import torch
-from lightning.pytorch import Callback
-from test_schedules import random_family
-from test_training import tiny_args
+from helpers.callbacks import RecordSchedules
+from helpers.cli_args import tiny_args
+from helpers.schedules import random_family
 
 from skiptrain.cli.app import main
 from skiptrain.core.schedules import Dense, SkipDecode, anneal_from_dense
@@ -15,7 +15,7 @@ from skiptrain.text.batch import collate
 from skiptrain.training.checkpoints import CheckpointError
 from skiptrain.training.losses import distillation_kl, target_cross_entropy
 from skiptrain.training.module import Curriculum, Distillation, LoraSettings, SkipLM
-from skiptrain.training.warm_start import trained_model
+from skiptrain.training.sources import load_trained_model, resolve_source
 
 
 # -- losses --------------------------------------------------------------------------------------------------------
@@ -85,21 +85,11 @@ def test_curriculum_progress_and_validation():
         Curriculum(fraction=0)
 
 
-class RecordSchedules(Callback):
-    """Records the schedule each training step trains with."""
-
-    def __init__(self) -> None:
-        self.schedules = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.schedules.append(pl_module.training_schedule())
-
-
 def test_fit_with_a_curriculum_anneals_then_trains_validates_and_keeps_the_target(tiny_model_dir, tmp_path):
     cli = main(["fit", *tiny_args(tiny_model_dir("llama", 6), tmp_path / "run", "--data.task", "builtin",
                                    "--data.max_train_samples", "24", "--model.curriculum", "{fraction: 0.5}",
                                    "--model.generation.num_batches", "0", "--trainer.max_steps", "6",
-                                   "--trainer.callbacks+=test_quality_levers.RecordSchedules")])
+                                   "--trainer.callbacks+=helpers.callbacks.RecordSchedules")])
     (recorder,) = [c for c in cli.trainer.callbacks if isinstance(c, RecordSchedules)]
     target = cli.model.schedule
     assert target == SkipDecode(min_layers=2, decay_tokens=6).build(6), "validation and export use the target"
@@ -176,7 +166,7 @@ def dense_run(tiny_model_dir, tmp_path_factory):
 
 
 def dense_run_weights(checkpoint) -> dict[str, torch.Tensor]:
-    """The dense run's weights read independently of warm_start: Lightning's loader, then peft's merge."""
+    """The dense run's weights read independently of training.sources: Lightning's loader, then peft's merge."""
     module = SkipLM.load_from_checkpoint(checkpoint, map_location="cpu")
     return {k: v.clone() for k, v in module.model.merge_and_unload().state_dict().items()}
 
@@ -214,7 +204,7 @@ def test_teacher_from_a_run_is_frozen_and_outside_the_state_dict(dense_run, tiny
     assert not any(k.startswith("_teacher") for k in module.state_dict())
     assert all(not p.requires_grad for p in module._teacher[0].parameters())
     batch = tiny_batch(module.model.config.vocab_size, module.get_tokenizer().pad_token_id)
-    reference = trained_model(checkpoint).eval()
+    reference = load_trained_model(resolve_source(checkpoint)).eval()
     with torch.no_grad():
         torch.testing.assert_close(module.teacher_logits(batch), hf_target_logits(reference, batch), atol=1e-4,
                                    rtol=1e-4)

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_models import left_padded_batch, tiny_config, tiny_model
-from tiny_tokenizer import build_tiny_tokenizer
+from helpers.tiny_models import left_padded_batch, tiny_config, tiny_model
+from helpers.tiny_tokenizer import build_tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
 from skiptrain.cli.app import main
@@ -317,7 +317,7 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def fit_args(model_dir: str, corpus: Path, run_dir: Path, batch_size: int, lora: bool, *extra: str) -> list[str]:
-    recorder = {"class_path": "cpu_strategies.RunRecorder", "init_args": {"path": str(run_dir)}}
+    recorder = {"class_path": "helpers.cpu_strategies.RunRecorder", "init_args": {"path": str(run_dir)}}
     return [
         "--model.model", model_dir,
         "--model.schedule", "SkipDecode",  # layer 1 of 4 is run by no column: the zero-gradient path
@@ -480,7 +480,7 @@ def test_fsdp_shards_every_decoder_layer_and_its_checkpoint_consolidates(tied_mo
 
 @requires_deepspeed
 def test_deepspeed_zero2_matches_one_process_and_its_checkpoint_consolidates(tied_model_dir, corpus, single, tmp_path):
-    strategy = {"class_path": "cpu_strategies.CPUDeepSpeedStrategy", "init_args": {"stage": 2}}
+    strategy = {"class_path": "helpers.cpu_strategies.CPUDeepSpeedStrategy", "init_args": {"stage": 2}}
     torchrun(fit_args(tied_model_dir, corpus, tmp_path, 2, False, "--trainer.strategy", json.dumps(strategy)),
              tmp_path)
     found = check_run(tmp_path, False, single, tied_model_dir)
@@ -492,7 +492,7 @@ def test_deepspeed_zero2_matches_one_process_and_its_checkpoint_consolidates(tie
 def test_deepspeed_zero3_partitions_weights_at_load_and_its_checkpoint_consolidates(
     tied_model_dir, corpus, single, tmp_path
 ):
-    strategy = {"class_path": "cpu_strategies.CPUDeepSpeedStrategy", "init_args": {"stage": 3}}
+    strategy = {"class_path": "helpers.cpu_strategies.CPUDeepSpeedStrategy", "init_args": {"stage": 3}}
     torchrun(fit_args(tied_model_dir, corpus, tmp_path, 2, True, "--trainer.strategy", json.dumps(strategy),
                       "--model.activation_checkpointing", "true"), tmp_path)
     found = check_run(tmp_path, True, single, tied_model_dir)
@@ -513,7 +513,7 @@ def test_deepspeed_zero3_offload_steps_deepspeed_cpu_adam_on_the_modules_schedul
     tied_model_dir, corpus, single, tmp_path
 ):
     """Slow: JIT-compiles DeepSpeed's CPU Adam (about 3 minutes on 1 core the first time)."""
-    strategy = {"class_path": "cpu_strategies.CPUDeepSpeedStrategy",
+    strategy = {"class_path": "helpers.cpu_strategies.CPUDeepSpeedStrategy",
                 "init_args": {"stage": 3, "offload_optimizer": True, "offload_parameters": True, "pin_memory": False}}
     schedule = ("--model.lr_schedule", "linear", "--model.warmup_steps", "2")  # the swapped optimizer follows it
     torchrun(fit_args(tied_model_dir, corpus, tmp_path, 2, False, *schedule, "--trainer.strategy",

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from interrupt import SimulatedCrash
+from helpers.cli_args import read_metrics, tiny_args
+from helpers.interrupt import SimulatedCrash
 
 from skiptrain.cli.app import main
 from skiptrain.cli.progress import ProgressBar
@@ -53,33 +54,6 @@ def test_unknown_keys_fail_at_parse_time(capsys):
     with pytest.raises(SystemExit):
         _parse(["--config", str(ROOT / "recipes/quickstart.yaml"), "--model.schedule.init_args.min_layer", "3"])
     assert "min_layer" in capsys.readouterr().err
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, str]]:
-    files = sorted(run_dir.rglob("metrics.csv"))
-    assert files, f"no metrics.csv under {run_dir}"
-    with files[-1].open() as f:
-        return list(csv.DictReader(f))
-
-
-def tiny_args(model_dir: str, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        "--model.model", model_dir,
-        "--model.schedule", "SkipDecode",
-        "--model.schedule.min_layers", "2",
-        "--model.schedule.decay_tokens", "6",
-        "--model.generation.max_new_tokens", "6",
-        "--data.batch_size", "4",
-        "--data.max_eval_samples", "8",
-        "--data.max_source_tokens", "48",
-        "--data.max_target_tokens", "24",
-        "--trainer.accelerator", "cpu",
-        "--trainer.enable_model_summary", "false",
-        "--trainer.default_root_dir", str(run_dir),
-        "--trainer.logger", "CSVLogger",
-        "--trainer.logger.save_dir", str(run_dir),
-        *extra,
-    ]
 
 
 def write_summaries(path: Path) -> Path:
@@ -141,7 +115,7 @@ def test_validate_from_checkpoint_and_resume_continues_identically(tiny_model_di
     # uninterrupted: two epochs of two steps
     main(["fit", *tiny_args(model_dir, tmp_path / "full", *common, "--trainer.max_epochs", "2")])
     # the same run crashing when its second epoch starts, then resumed from the first epoch's checkpoint
-    crash = '{"class_path": "interrupt.CrashAtEpoch", "init_args": {"epoch": 1}}'
+    crash = '{"class_path": "helpers.interrupt.CrashAtEpoch", "init_args": {"epoch": 1}}'
     with pytest.raises(SimulatedCrash):
         main(["fit", *tiny_args(model_dir, tmp_path / "part", *common, "--trainer.max_epochs", "2"),
               f"--trainer.callbacks+={crash}"])
@@ -238,7 +212,8 @@ def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragment, sch
     recipe = _parse(["--config", str(ROOT / "recipes/smollm2-135m_e2e.yaml"),
                      "--config", str(STUDY / "local_data.yaml"),
                      "--config", str(ROOT / "recipes/fragments" / fragment)])
-    study = _parse(["--config", str(STUDY / "train_base.yaml"), "--config", str(STUDY / f"schedule_{schedule}.yaml"),
+    study = _parse(["--config", str(STUDY / "train_base.yaml"),
+                    "--config", str(ROOT / "benchmarks/schedules" / f"{schedule}.yaml"),
                     "--config", str(ROOT / "benchmarks/levers/lora_all_r64.yaml")])
 
     def training(cli) -> dict:

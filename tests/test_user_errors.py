@@ -13,12 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
 import pytest
-from test_training import tiny_args
+from helpers.cli_args import tiny_args
+from transformers import PreTrainedModel
 
-from skiptrain.cli.app import DEBUG_VARIABLE, main
+import skiptrain.training.calibrate
+from skiptrain.cli.app import DEBUG_VARIABLE, SkipCLI, main
 from skiptrain.core.schedules import ScheduleError
-from skiptrain.export.write import SCHEDULE_FILE
+from skiptrain.data.datamodule import SkipDataModule
+from skiptrain.export.format import SCHEDULE_FILE
+from skiptrain.training.module import SkipLM
 
 USAGE, INPUT = 2, 1  # exit codes: an option or combination of options; an unusable input file
 ERROR_PREFIX = "skiptrain {}: error: "
@@ -108,14 +113,16 @@ def without_eos(model: Path) -> None:
 # -- the table -------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
-    """One bad input: the argv (``{model}``, ``{ckpt}``, ... ``{tmp}`` filled in), the exit code, and what the one
-    error line must say."""
+    """One bad input: the argv (``{model}``, ``{ckpt}``, ... ``{tmp}`` filled in), the exit code, what the one
+    error line must say, and, for an input that only the expensive work can find bad, which step that is (every
+    other case is refused with that work made to fail if it runs: :func:`no_expensive_work`)."""
 
     name: str
     argv: tuple[str, ...]
     code: int
     says: str
     prepare: Callable[[Path, Inputs], None] | None = None
+    found_by: tuple[str, ...] = ()  # the expensive steps that run before the input is found bad
 
 
 def fit(*extra: str, schedule: tuple[str, ...] = ("--model.schedule", "SkipDecode", "--model.schedule.min_layers",
@@ -136,10 +143,14 @@ def family(name: str, **params) -> tuple[str, ...]:
     return ("--model.schedule", name, *(a for k, v in params.items() for a in (f"--model.schedule.{k}", v)))
 
 
+READING_DATA = ("Trainer.fit", "reading the data")  # a fit reads its data inside Trainer.fit
+BUILDING_THE_MODEL = ("building the model", "loading weights")
+
+
 def data_file(name: str, content: str | bytes, *extra: str) -> dict:
     """A fit on a local file ``name`` holding ``content`` (summarisation columns ``article``/``highlights``)."""
     return dict(argv=fit("--data.task", "cnn_dailymail", "--data.data_files", f"{{train: {{tmp}}/{name}}}", *extra),
-                prepare=write(name, content))
+                prepare=write(name, content), found_by=READING_DATA)
 
 
 def generate(*extra: str, model: str = "{export}") -> tuple[str, ...]:
@@ -157,6 +168,32 @@ ROWS = "article,highlights\n" + "".join(f"The council of town {i} met on Monday.
 
 def export(*extra: str, ckpt: str = "{ckpt}") -> tuple[str, ...]:
     return ("export", "--model.model", "{model}", "--ckpt_path", ckpt, "--output_dir", "{tmp}/out", *extra)
+
+
+def calibrate(*extra: str) -> tuple[str, ...]:
+    """A calibration of the tiny model's base weights on the built-in task, into ``{tmp}/out``."""
+    return ("calibrate", "--model.model", "{model}", *skipdecode(min_layers="2"), "--data.task", "builtin",
+            "--data.max_eval_samples", "4", "--data.max_source_tokens", "48", "--data.max_target_tokens", "24",
+            "--trainer.accelerator", "cpu", "--output_dir", "{tmp}/out", *extra)
+
+
+def conformance(*extra: str) -> tuple[str, ...]:
+    return ("conformance", "--model.model", "{export}", "--trainer.accelerator", "cpu", *extra)
+
+
+def vectors_of_the_export(tmp: Path, inputs: Inputs) -> None:
+    """A vectors file (no cases) for the export's own schedule, as ``{tmp}/v.json``."""
+    schedule = json.loads((Path(inputs.export) / SCHEDULE_FILE).read_text())
+    (tmp / "v.json").write_text(json.dumps({"format": "skiptrain.conformance", "version": 1,
+                                            "skip_schedule": schedule, "max_new_tokens": 4, "cases": []}))
+
+
+def without_tokenizer_files(export: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+        (export / name).unlink(missing_ok=True)
+
+
+NO_VALID_GRID = "skipdecode: {min_layers: [3], max_layers: [2], decay_tokens: [4]}\n"
 
 
 CASES = [
@@ -208,8 +245,27 @@ CASES = [
          "exceeds the model's context length of 256"),
     Case("unavailable_accelerator", fit("--trainer.accelerator", "cuda"), USAGE, "accelerator"),
     Case("precision", fit("--trainer.precision", "7"), USAGE, "precision"),
+    Case("lora_rank_zero", fit("--model.lora", "{r: 0}"), USAGE, "lora.r=0"),
+    Case("lora_dropout_one", fit("--model.lora", "{dropout: 1}"), USAGE, "lora.dropout=1"),
+    Case("lora_target_unknown", fit("--model.lora", "{target_modules: [nonexistent_proj]}"), USAGE,
+         "['nonexistent_proj'] match no linear layer of model_type='llama': allowed ['down_proj', 'gate_proj', "
+         "'k_proj', 'lm_head', 'o_proj', 'q_proj', 'up_proj', 'v_proj']"),
+    Case("optimizer", fit("--optimizer", "torch.optim.SGD", "--optimizer.lr", "0.1"), USAGE,
+         "--optimizer is not an option of skiptrain: the optimizer is AdamW"),
+    Case("lr_scheduler", fit("--lr_scheduler=StepLR"), USAGE, "--lr_scheduler is not an option of skiptrain"),
+    Case("ckpt_path_lightning_keyword", export(ckpt="hpc"), USAGE, "ckpt_path='hpc' is not supported"),
+    Case("ckpt_path_last_without_one", export("--trainer.default_root_dir", "{tmp}", ckpt="last"), INPUT,
+         "ckpt_path='last': no last.ckpt under trainer.default_root_dir="),
     Case("export_callback_target_not_empty", fit(f"--trainer.callbacks+={EXPORT_CALLBACK % '{tmp}/out'}"), USAGE,
          "exists and is not empty", write("out/keep.txt", "precious")),
+    # Lightning's other subcommands and evaluate refuse as fit does
+    Case("validate_schedule", ("validate", *fit(schedule=skipdecode(min_layers="5"))[1:]), USAGE, "min_layers=5"),
+    Case("test_lora_rank", ("test", *fit("--model.lora", "{r: 0}")[1:]), USAGE, "lora.r=0"),
+    Case("predict_lora_target", ("predict", *fit("--model.lora", "{target_modules: [wq]}")[1:]), USAGE,
+         "['wq'] match no linear layer"),
+    Case("evaluate_export_beyond_its_context", ("evaluate", "--model.model", "{export}", "--data.task", "builtin",
+                                                "--data.max_target_tokens", "500", "--trainer.accelerator", "cpu"),
+         USAGE, "exceeds the model's context length of 256"),
     # models
     Case("model_path_missing", ("fit", *fit()[1:], "--model.model", "/nonexistent/model"), INPUT,
          "model='/nonexistent/model': no such file or directory"),
@@ -221,7 +277,7 @@ CASES = [
          "has no eos_token", copy_of("model", without_eos)),
     # data
     Case("data_file_missing", fit("--data.task", "cnn_dailymail", "--data.data_files", "{train: {tmp}/nope.csv}"),
-         INPUT, "nope.csv does not exist"),
+         INPUT, "nope.csv does not exist", found_by=READING_DATA),
     Case("data_wrong_columns", **data_file("news.csv", "text,summary\na,b\n"), code=INPUT,
          says="missing column(s) ['article', 'highlights']"),
     Case("data_empty_split", **data_file("news.csv", "article,highlights\n"), code=INPUT, says="is empty"),
@@ -233,14 +289,15 @@ CASES = [
     Case("data_unsupported_extension", **data_file("news.xlsx", ROWS), code=INPUT, says="unsupported extension"),
     Case("data_training_split_missing",
          fit("--data.task", "cnn_dailymail", "--data.data_files", "{validation: {tmp}/news.csv}"), INPUT,
-         "split 'train' not in data_files", write("news.csv", ROWS)),
+         "split 'train' not in data_files", write("news.csv", ROWS), READING_DATA),
     # checkpoints
     Case("ckpt_missing", export(ckpt="{tmp}/nope.ckpt"), INPUT, "no such file or directory"),
     Case("ckpt_truncated", export(ckpt="{tmp}/ckpt"), INPUT, "truncated", copy_of("ckpt", truncate(""))),
     Case("ckpt_not_a_checkpoint", export(ckpt="{tmp}/notes.ckpt"), INPUT, "not a torch checkpoint",
          write("notes.ckpt", "hello")),
     Case("ckpt_of_another_architecture", ("export", "--model.model", "{other_model}", "--ckpt_path", "{ckpt}",
-                                          "--output_dir", "{tmp}/out"), INPUT, "does not match"),
+                                          "--output_dir", "{tmp}/out"), INPUT, "does not match",
+         found_by=BUILDING_THE_MODEL),
     # exports
     Case("export_bad_json", generate(model="{tmp}/export"), INPUT, "is not valid JSON",
          copy_of("export", lambda e: (e / SCHEDULE_FILE).write_text('{"format": '))),
@@ -279,6 +336,28 @@ CASES = [
     Case("sampling_top_p", generate("--sampling.top_p", "1.5"), USAGE, "top_p=1.5"),
     Case("long_prompts_choice", generate("--long_prompts", "cut"), USAGE, "long_prompts"),
     Case("export_with_a_checkpoint", generate("--ckpt_path", "{ckpt}"), USAGE, "is an export"),
+    Case("generate_export_without_tokenizer", generate(model="{tmp}/export"), INPUT, "has no tokenizer files",
+         copy_of("export", without_tokenizer_files)),
+    # calibration options: derived limits are checked before the model is profiled
+    Case("calibrate_target_beyond_the_depth", calibrate("--targets", "[100]"), USAGE,
+         "targets=[100.0] are invalid for a model of 4 decoder layers: allowed ideal speedups 1 <= target <= 2.00"),
+    Case("calibrate_target_below_one", calibrate("--targets", "[0.5]"), USAGE, "target=0.5 is invalid"),
+    Case("calibrate_grid_without_a_valid_schedule", calibrate("--grid", "{tmp}/g.yaml"), USAGE,
+         "has no valid schedule for 4 decoder layers", write("g.yaml", NO_VALID_GRID)),
+    Case("calibrate_grid_unreadable", calibrate("--grid", "{tmp}/g.yaml"), INPUT, "grid=",
+         write("g.yaml", "skipdecode: [")),
+    Case("calibrate_grid_missing", calibrate("--grid", "{tmp}/nope.yaml"), INPUT, "nope.yaml"),
+    Case("calibrate_unknown_family", calibrate("--families", "[turbo]"), USAGE, "families=['turbo'] is invalid"),
+    Case("calibrate_num_batches_zero", calibrate("--num_batches", "0"), USAGE, "num_batches=0"),
+    Case("calibrate_per_target_zero", calibrate("--per_target", "0"), USAGE, "per_target=0"),
+    Case("calibrate_target_not_empty", calibrate(), USAGE, "exists and is not empty", write("out/keep.txt", "x")),
+    # conformance
+    Case("conformance_vectors_missing", conformance("--vectors", "{tmp}/nope.json", "--check", "{tmp}/e.jsonl"),
+         INPUT, "vectors='", write("e.jsonl", '{"id": 0, "token_ids": [1]}\n')),
+    Case("conformance_check_missing", conformance("--vectors", "{tmp}/v.json", "--check", "{tmp}/nope.jsonl"),
+         INPUT, "check='", vectors_of_the_export),
+    Case("conformance_top_zero", conformance("--vectors", "{tmp}/v.json", "--prompts", "{tmp}/prompts.txt",
+                                             "--top", "0"), USAGE, "top=0"),
     # export options
     Case("export_target_not_empty", export(), USAGE, "exists and is not empty", write("out/keep.txt", "precious")),
     Case("export_target_is_a_file", export(), USAGE, "is a file, not a directory", write("out", "a file")),
@@ -313,13 +392,47 @@ def test_the_battery_is_large_and_names_are_unique():
     assert len({case.name for case in CASES}) == len(CASES)
 
 
+def forbidden(step: str) -> Callable[..., None]:
+    def called(*args, **kwargs) -> None:
+        raise AssertionError(f"{step} ran before the bad input was refused")
+
+    return called
+
+
+EXPENSIVE_STEPS = {
+    "loading weights": (PreTrainedModel, "from_pretrained"),  # decoding and profiling need weights
+    "building the model": (SkipLM, "configure_model"),
+    "reading the data": (SkipDataModule, "setup"),
+    "profiling layers": (skiptrain.training.calibrate, "layer_importance"),
+    "scoring schedules": (skiptrain.training.calibrate, "schedule_loss"),
+    **{f"Trainer.{stage}": (L.Trainer, stage) for stage in ("fit", "validate", "test", "predict")},
+}
+"""What costs minutes on a real model, each replaced by :func:`no_expensive_work` with a function that fails."""
+
+
+def no_expensive_work(monkeypatch, allowed: tuple[str, ...] = ()) -> None:
+    """Make every step of :data:`EXPENSIVE_STEPS` but those ``allowed`` fail if it is called."""
+    for step, (owner, name) in EXPENSIVE_STEPS.items():
+        if step not in allowed:
+            fail = forbidden(step)
+            monkeypatch.setattr(owner, name, classmethod(fail) if name == "from_pretrained" else fail)
+
+
+def test_every_subcommand_refuses_before_the_expensive_work():
+    """Each subcommand has bad inputs refused with the expensive steps made to fail (the battery below)."""
+    assert all(step in EXPENSIVE_STEPS for case in CASES for step in case.found_by)
+    early = {case.argv[0] for case in CASES if not case.found_by}
+    assert early == set(SkipCLI.subcommands())
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
-def test_a_bad_input_gets_one_line_the_exit_code_and_writes_nothing(case, inputs, tmp_path, capsys):
+def test_a_bad_input_gets_one_line_the_exit_code_and_writes_nothing(case, inputs, tmp_path, capsys, monkeypatch):
     (tmp_path / "prompts.txt").write_text("Forecast:\n")  # what generate reads unless the case says otherwise
     if case.prepare is not None:
         case.prepare(tmp_path, inputs)
     before = snapshot(tmp_path)
     argv = [fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in case.argv]
+    no_expensive_work(monkeypatch, allowed=case.found_by)
     code, stderr = run_cli(argv, capsys)
     lines = error_lines(stderr)
     assert "Traceback" not in stderr, stderr
@@ -345,7 +458,7 @@ def test_debug_shows_the_traceback(inputs, tmp_path, monkeypatch):
 
 
 def test_a_bug_keeps_its_traceback(inputs, tmp_path):
-    crash = '{"class_path": "interrupt.CrashAtEpoch", "init_args": {"epoch": 0}}'
+    crash = '{"class_path": "helpers.interrupt.CrashAtEpoch", "init_args": {"epoch": 0}}'
     with pytest.raises(RuntimeError, match="simulated crash"):
         main([fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in fit(f"--trainer.callbacks+={crash}")])
 

@@ -15,13 +15,14 @@ checkpoint=runs/e2e/dense+lora_all_r64/last.ckpt
 export OMP_NUM_THREADS=${THREADS:-1}
 run() { nice -n 5 taskset -c "${CORE:-0}" "$@"; }
 [ -e "$out/sweep/summary.json" ] || run python -m skiptrain calibrate --config "$TRAIN_BASE" \
-  --config benchmarks/levers/lora_all_r64.yaml --config benchmarks/e2e/schedule_dense.yaml --ckpt_path "$checkpoint" \
+  --config benchmarks/levers/lora_all_r64.yaml --config benchmarks/schedules/dense.yaml --ckpt_path "$checkpoint" \
   --output_dir "$out/sweep" --targets '[1.25, 1.5, 2.0, 2.5, 3.0]' --families '[skipdecode, ranked, hierarchical]' \
   --per_target 2 --num_batches 2
 for target in 2x 1.5x 3x; do
   for family in skipdecode ranked hierarchical; do
-    [ -e "$out/${family}_$target.test.json" ] || run python benchmarks/e2e/score.py --name "dense+lora_all_r64@${family}_$target" \
-      --checkpoint "$checkpoint" --decode-schedule "$out/sweep/schedule_${target}_$family.yaml" --data "$TEST_DATA" \
-      --threads "${THREADS:-1}" --out "$out/${family}_$target.test.json"
+    [ -e "$out/${family}_$target.test.json" ] || run python -m benchmarks.score \
+      --name "dense+lora_all_r64@${family}_$target" --checkpoint "$checkpoint" --config "$TRAIN_BASE" \
+      --config "$out/sweep/schedule_${target}_$family.yaml" --data "$TEST_DATA" --threads "${THREADS:-1}" \
+      --out "$out/${family}_$target.test.json"
   done
 done

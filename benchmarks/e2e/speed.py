@@ -1,6 +1,6 @@
 """Decode speed of the E2E evidence schedules vs dense: batch 8, the E2E test prompts, 32 new tokens.
 
-    python benchmarks/e2e/speed.py --out benchmarks/results/e2e/speed.json
+    python -m benchmarks.e2e.speed --out benchmarks/results/e2e/speed.json
 
 Speed depends on the schedule, not on the weights (no early stopping: every row generates 32 tokens), so it
 is measured once per schedule on the base SmolLM2-135M. Passes are interleaved (dense, each schedule, dense,
@@ -13,18 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import load_model, study_config, test_prompts
 from skiptrain import Dense, generate
+from skiptrain.frontends.inference import prompt_batches
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from score import TEST_FILE, load_model, schedule_family, test_batches  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
+TRAIN_BASE = "benchmarks/e2e/train_base.yaml"
 SCHEDULES = ("skipdecode2x", "skipdecode3x", "hsd2x")
 
 
@@ -38,11 +36,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    model = load_model(None)
-    batches = test_batches(TEST_FILE, batch_size=8)[: args.batches]
+    cli = study_config([TRAIN_BASE, "benchmarks/schedules/dense.yaml"])  # the test split of the study's config
+    model = load_model(cli, None)
+    _, prompts, _ = test_prompts(cli)
+    batches = list(prompt_batches(cli.datamodule.tokenizer, prompts, batch_size=8))[: args.batches]
     num_layers = model.config.num_hidden_layers
     schedules = {"dense": Dense().build(num_layers)}
-    schedules |= {name: schedule_family(HERE / f"schedule_{name}.yaml").build(num_layers) for name in SCHEDULES}
+    for name in SCHEDULES:
+        family = study_config([TRAIN_BASE, f"benchmarks/schedules/{name}.yaml"]).model.schedule_family
+        schedules[name] = family.build(num_layers)
 
     def decode(schedule) -> float:
         start = time.perf_counter()
@@ -60,7 +62,7 @@ def main() -> None:
     new_tokens = sum(len(b["prompt_input_ids"]) for b in batches) * args.new_tokens
     dense = statistics.median(times["dense"])
     result = {
-        "command": "python benchmarks/e2e/speed.py " + " ".join(f"--{k.replace('_', '-')} {v}"
+        "command": "python -m benchmarks.e2e.speed " + " ".join(f"--{k.replace('_', '-')} {v}"
                                                                for k, v in vars(args).items()),
         "batch": 8, "prompts": new_tokens // args.new_tokens, "new_tokens": args.new_tokens,
         "schedules": {

@@ -2,9 +2,9 @@
 
 ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's; ``export``, ``generate``, ``evaluate``,
 ``calibrate`` and ``conformance`` are methods of :class:`~skiptrain.trainer.SkipTrainer` whose typed arguments
-become options (``--output_dir``, ``--prompts``, ...). A subcommand whose method takes ``datamodule=None``
-(``export``, ``generate``, ``conformance``) needs no data module: for it the ``data`` section is optional. Adding a
-subcommand is a SkipTrainer method and one line in :meth:`SkipCLI.subcommands`.
+become options (``--output_dir``, ``--prompts``, ...). :data:`DATA_MODULE` says which of them need a data module:
+for the others the ``data`` section is optional. Adding a subcommand is a SkipTrainer method, one line in
+:meth:`SkipCLI.subcommands` and one in :data:`DATA_MODULE`.
 
 Errors in the user's input (:class:`~skiptrain.errors.SkiptrainError`, and Lightning's
 ``MisconfigurationException``, e.g. an accelerator this machine lacks) end the command with one line on stderr,
@@ -15,7 +15,6 @@ exit 2. Any other exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import inspect
 import os
 import shutil
 import sys
@@ -29,18 +28,24 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
+from skiptrain.callbacks.export import ExportCallback
 from skiptrain.cli.progress import ProgressBar
 from skiptrain.cli.trainer import SkipTrainer
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import SkiptrainError, UsageError
 from skiptrain.modeling.loading import context_length
 from skiptrain.text.prompt_format import PromptFormatError
-from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata
+from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata, resolve_ckpt_path
 from skiptrain.training.module import SkipLM, accept_schedule_families
 from skiptrain.training.preemption import PreemptionCheckpoint
 from skiptrain.training.runs import RUN_CONFIG_FILE
 from skiptrain.training.strategies import release_process_group
 
+DATA_MODULE = {"export": "optional", "generate": "unused", "evaluate": "required", "calibrate": "required",
+               "conformance": "unused"}
+"""Whether each of SkipTrainer's subcommands needs a data module (``required``), records it when one is given
+(``optional``: ``export`` keeps the task name), or never uses it (``unused``: its method has no ``datamodule``
+parameter). Lightning's own subcommands require one."""
 FROM_CONFIG = {"model", "datamodule"}
 """Arguments of a SkipTrainer subcommand that the CLI builds from the config rather than parsing as options."""
 DEBUG_VARIABLE = "SKIPTRAIN_DEBUG"
@@ -65,14 +70,11 @@ class SkipCLI(LightningCLI):
         }
 
     def _data_optional(self) -> bool:
-        """Whether the subcommand being built runs without a data module (its method takes ``datamodule=None``).
+        """Whether the subcommand being built runs without a data module (:data:`DATA_MODULE`).
 
         ``--data.*`` may still be given then, e.g. by a run's config.yaml.
         """
-        if self._building is None or self._building in LightningCLI.subcommands():
-            return False
-        parameters = inspect.signature(getattr(self.trainer_class, self._building)).parameters
-        return parameters["datamodule"].default is None
+        return DATA_MODULE.get(self._building, "required") != "required"
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
         self._building = subcommand
@@ -88,13 +90,18 @@ class SkipCLI(LightningCLI):
         # As LightningCLI, except that the data module may be left out (it is then None).
         parser.add_lightning_class_args(self.trainer_class, "trainer")
         parser.set_defaults({"trainer." + k: v for k, v in self.trainer_defaults.items() if k != "callbacks"})
-        parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
-        parser.add_lightning_class_args(self._datamodule_class, "data", subclass_mode=True, required=False)
+        parser.add_lightning_class_args(self.model_class, "model", subclass_mode=self.subclass_mode_model)
+        parser.add_lightning_class_args(self.datamodule_class, "data", subclass_mode=True, required=False)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # One model name drives both the weights and the tokenizer.
         tokenizer = "data.init_args.tokenizer" if self._data_optional() else "data.tokenizer"
         parser.link_arguments("model.model", tokenizer)
+
+    def after_instantiate_classes(self) -> None:
+        """A data module configured for a subcommand that never uses one (e.g. by a run's config.yaml) is dropped."""
+        if DATA_MODULE.get(self.subcommand) == "unused":
+            self.datamodule = None
 
     def instantiate_trainer(self, **kwargs: Any) -> SkipTrainer:
         """As LightningCLI's, with Lightning's default rich progress bar replaced by :class:`ProgressBar` and a
@@ -106,7 +113,9 @@ class SkipCLI(LightningCLI):
         return trainer
 
     def _parse_ckpt_path(self) -> None:
-        """As LightningCLI's (a checkpoint's hyper-parameters configure the model), with two differences.
+        """As LightningCLI's (a checkpoint's hyper-parameters configure the model), with three differences.
+
+        ``last`` is resolved to the newest ``last.ckpt`` of the run (:func:`~skiptrain.checkpoints.resolve_ckpt_path`).
 
         An unreadable checkpoint is refused by name (:class:`~skiptrain.checkpoints.CheckpointError`), and the model
         named by ``model.model`` (on the command line or in a config) is the one used, not the checkpoint's: a base
@@ -115,6 +124,9 @@ class SkipCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         settings = self.config.get(subcommand) if subcommand else None
         ckpt_path = settings.get("ckpt_path") if settings is not None else None
+        if ckpt_path:
+            root = settings.trainer.get("default_root_dir") or os.getcwd()  # Lightning's default
+            ckpt_path = settings.ckpt_path = resolve_ckpt_path(ckpt_path, root)
         if not ckpt_path or checkpoint_layout(ckpt_path) != "file":
             return
         hparams = dict(checkpoint_metadata(ckpt_path, settings.get("weights_only")).get("hyper_parameters") or {})
@@ -136,6 +148,10 @@ class SkipCLI(LightningCLI):
         config = self.model.check_model()
         if config is not None and self.datamodule is not None:
             self.datamodule.check_context(context_length(config))
+        if subcommand == "fit":
+            for callback in self.trainer.callbacks:
+                if isinstance(callback, ExportCallback):
+                    callback.check_target()
         created = _absent(Path(self.trainer.log_dir)) if self.trainer.log_dir else []
         try:
             super()._run_subcommand(subcommand)
@@ -197,12 +213,14 @@ def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
     accept_schedule_families()
     release_process_group()
     try:
+        refuse_optimizer_options(sys.argv[1:] if args is None else args)
         return SkipCLI(
             SkipLM,
             SkipDataModule,
             trainer_class=SkipTrainer,
             args=args,
             run=run,
+            auto_configure_optimizers=False,  # SkipLM.configure_optimizers builds AdamW: see NOT_OPTIONS
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"parser_mode": "yaml", "exit_on_error": False},  # its errors are formatted below
         )
@@ -212,6 +230,28 @@ def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
             raise
         print(error_line(subcommand_of(sys.argv[1:] if args is None else args), user_error), file=sys.stderr)
         raise SystemExit(exit_code(user_error)) from None
+
+
+NOT_OPTIONS = {
+    "--optimizer": "the optimizer is AdamW over the trainable weights, which exist only once the model is built: set "
+                   "--model.learning_rate, --model.betas and --model.weight_decay",
+    "--lr_scheduler": "the learning-rate schedule is --model.lr_schedule (cosine, linear or constant) after "
+                      "--model.warmup_steps of linear warm-up",
+}
+"""LightningCLI's options that skiptrain leaves out, each with what to set instead."""
+
+
+def refuse_optimizer_options(args: Sequence[str]) -> None:
+    """Refuse LightningCLI's ``--optimizer`` and ``--lr_scheduler`` (and their ``.``-options) by name.
+
+    Raises:
+        UsageError: naming the option and what configures the optimizer instead.
+    """
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        for option, instead in NOT_OPTIONS.items():
+            if name == option or name.startswith(option + "."):
+                raise UsageError(f"{name} is not an option of skiptrain: {instead}")
 
 
 USER_ERRORS = (SkiptrainError, PromptFormatError, MisconfigurationException, ArgumentError)

@@ -18,26 +18,24 @@ The model is given as usual by ``--model.model`` (or a recipe / a run's ``config
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
-import yaml
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info
+from transformers import PretrainedConfig
 
 from skiptrain.core.output_dir import check_output_dir
 from skiptrain.data.datamodule import SkipDataModule
-from skiptrain.errors import DataError, InputError, UsageError
+from skiptrain.errors import UsageError
 from skiptrain.export.hub import check_can_push, push_export
 from skiptrain.frontends.conformance import (
     DEFAULT_MARGIN,
     DEFAULT_TOP,
     ConformanceReport,
     check_outputs,
+    check_vector_options,
     read_outputs,
     read_vectors,
     write_vectors,
@@ -47,6 +45,7 @@ from skiptrain.frontends.inference import (
     STDIO,
     GenerationReport,
     LongPrompts,
+    check_batch_size,
     fit_prompts,
     generate_report,
     read_prompts,
@@ -55,20 +54,20 @@ from skiptrain.frontends.inference import (
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
 from skiptrain.text.prompt_format import PromptFormat
-from skiptrain.training.calibrate import SEARCHED_FAMILIES, Calibration, calibrate
+from skiptrain.training.calibrate import Calibration, CalibrationRequest, calibrate, validation_batches
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
 from skiptrain.training.evaluation import evaluate_against_dense
 from skiptrain.training.module import SkipLM
-from skiptrain.training.runs import export_checkpoint, load_weights, recorded_prompt_format
+from skiptrain.training.runs import export_checkpoint, recorded_prompt_format
 
 
 class SkipTrainer(L.Trainer):
     """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`."""
 
     def _place_for_inference(self, model: SkipLM) -> torch.device:
-        """Move the loaded ``model.model`` to this trainer's device and precision, in eval mode; returns the device."""
+        """Move the loaded module to this trainer's device and precision, in eval mode; returns the device."""
         device = self.strategy.root_device
-        model.model = self.precision_plugin.convert_module(model.model).to(device).eval()
+        self.precision_plugin.convert_module(model).to(device).eval()  # in place: the module keeps its own model
         return device
 
     def export(
@@ -116,7 +115,6 @@ class SkipTrainer(L.Trainer):
     def generate(
         self,
         model: SkipLM,
-        datamodule: SkipDataModule | None = None,
         ckpt_path: str | None = None,
         weights_only: bool | None = None,
         *,
@@ -134,7 +132,6 @@ class SkipTrainer(L.Trainer):
 
         Args:
             model: The module; ``model.model`` may be an export directory.
-            datamodule: Unused (generation needs no data module).
             ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
             weights_only: How the checkpoint is unpickled, as in ``fit``: ``null``/``true`` tensors and plain data
                 only, ``false`` any object (trusted checkpoints only).
@@ -155,17 +152,13 @@ class SkipTrainer(L.Trainer):
             raw_prompts: Use each prompt as it is (the whole prompt text), not as a source of the recorded format.
         """
         max_new_tokens = _max_new_tokens(model, max_new_tokens)
-        prompt_list = read_prompts(prompts)
-        prompt_format = _prompt_format(model, ckpt_path, datamodule, weights_only, raw_prompts)
-        base_config = model.check_model()  # None for an export: its config is known once it is loaded
-        if base_config is not None:  # the prompts are checked before the weights load
-            prompt_list, prompt_format = fit_prompts(model.get_tokenizer(), prompt_list, context_length(base_config),
-                                                     max_new_tokens, long_prompts, prompt_format)
-        load_weights(model, ckpt_path, weights_only)
+        check_batch_size(batch_size)
+        config = _model_config(model)
+        prompt_format = _prompt_format(model, ckpt_path, weights_only, raw_prompts)
+        prompt_list, prompt_format = fit_prompts(model.get_tokenizer(), read_prompts(prompts), context_length(config),
+                                                 max_new_tokens, long_prompts, prompt_format)
+        model.load_weights(ckpt_path, weights_only)
         tokenizer = model.get_tokenizer()
-        if base_config is None:
-            prompt_list, prompt_format = fit_prompts(tokenizer, prompt_list, context_length(model.model.config),
-                                                     max_new_tokens, long_prompts, prompt_format)
         device = self._place_for_inference(model)
         report = generate_report(
             model.model, tokenizer, model.schedule, prompt_list, dense=dense, compare_dense=compare_dense,
@@ -202,8 +195,7 @@ class SkipTrainer(L.Trainer):
 
         An export's recorded prompt format makes the test prompts unless ``data.prompt_template`` is given.
         """
-        weights = load_weights(model, ckpt_path, weights_only)
-        recorded = weights.prompt_format
+        recorded = model.load_weights(ckpt_path, weights_only).prompt_format
         if recorded is not None and datamodule.hparams.get("prompt_template") is None and \
                 not datamodule.hparams.get("chat_template"):
             datamodule.use_prompt_format(recorded)
@@ -253,23 +245,15 @@ class SkipTrainer(L.Trainer):
         """
         check_output_dir(output_dir, overwrite)
         require_matplotlib()
-        families = list(SEARCHED_FAMILIES if families is None else families)
-        unknown = sorted(set(families) - set(SEARCHED_FAMILIES))
-        if unknown:
-            raise UsageError(f"families={unknown} is invalid: allowed {list(SEARCHED_FAMILIES)}")
-        grid_spec = _read_grid(grid) if grid else None
-        load_weights(model, ckpt_path, weights_only)
-        device = self._place_for_inference(model)
-        datamodule.setup("validate")
-        loader = itertools.islice(datamodule.val_dataloader(), _limit(num_batches))
-        batches = [move_data_to_device(batch, device) for batch in loader]
-        if not batches:
-            raise DataError("the data module has no validation batches: give data.val_files (or a split with a "
-                             "validation part) to calibrate on")
+        request = CalibrationRequest.checked(_model_config(model).num_hidden_layers, targets, families, grid,
+                                             per_target, tolerance, num_batches, generation_batches)
+        batches = validation_batches(datamodule, request.num_batches)
+        model.load_weights(ckpt_path, weights_only)
+        batches = move_data_to_device(batches, self._place_for_inference(model))
         with self.precision_plugin.forward_context():
-            result = calibrate(model, batches, targets=targets or [1.5, 2.0, 3.0], families=families, grid=grid_spec,
-                               per_target=per_target, tolerance=tolerance,
-                               generation_batches=batches[:generation_batches], metric=datamodule.metric)
+            result = calibrate(model, batches, targets=request.targets, families=request.families, grid=request.grid,
+                               per_target=request.per_target, tolerance=request.tolerance,
+                               generation_batches=batches[:request.generation_batches], metric=datamodule.metric)
         write_calibration(result, output_dir, overwrite)
         rank_zero_info(f"skiptrain calibrate: {len(result.candidates)} schedules scored on "
                        f"{sum(result.lengths)} validation target tokens; wrote {output_dir}")
@@ -278,7 +262,6 @@ class SkipTrainer(L.Trainer):
     def conformance(
         self,
         model: SkipLM,
-        datamodule: SkipDataModule | None = None,
         ckpt_path: str | None = None,
         weights_only: bool | None = None,
         *,
@@ -300,7 +283,6 @@ class SkipTrainer(L.Trainer):
 
         Args:
             model: The module; ``model.model`` is usually an export directory.
-            datamodule: Unused.
             ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
             weights_only: How the checkpoint is unpickled, as in ``fit``.
             vectors: The vectors file (JSON) to write, or to check against.
@@ -314,18 +296,22 @@ class SkipTrainer(L.Trainer):
             raw_prompts: Use each prompt as it is, not as a source of the model's recorded prompt format.
         """
         if check is not None:
-            report = check_outputs(read_vectors(vectors, model.model_name), read_outputs(check), margin)
+            report = check_outputs(read_vectors(vectors, model.source.schedule()), read_outputs(check), margin)
             if not report.passed:
                 raise SystemExit(report.summary())
             rank_zero_info(report.summary())
             return report
+        max_new_tokens = _max_new_tokens(model, max_new_tokens)
+        check_batch_size(batch_size)
+        check_vector_options(top, margin)
         prompt_list = read_prompts(prompts)
-        prompt_format = _prompt_format(model, ckpt_path, datamodule, weights_only, raw_prompts)
-        load_weights(model, ckpt_path, weights_only)
+        prompt_format = _prompt_format(model, ckpt_path, weights_only, raw_prompts)
+        _model_config(model)
+        model.load_weights(ckpt_path, weights_only)
         device = self._place_for_inference(model)
         written = write_vectors(
             model.model, model.get_tokenizer(), model.schedule, prompt_list, vectors, prompt_format=prompt_format,
-            max_new_tokens=_max_new_tokens(model, max_new_tokens), batch_size=batch_size, top=top,
+            max_new_tokens=max_new_tokens, batch_size=batch_size, top=top,
             margin=DEFAULT_MARGIN if margin is None else margin, device=device,
             context=self.precision_plugin.forward_context,
         )
@@ -334,12 +320,11 @@ class SkipTrainer(L.Trainer):
         return None
 
 
-def _prompt_format(model: SkipLM, ckpt_path: str | None, datamodule: SkipDataModule | None,
-                   weights_only: bool | None, raw: bool) -> PromptFormat:
+def _prompt_format(model: SkipLM, ckpt_path: str | None, weights_only: bool | None, raw: bool) -> PromptFormat:
     """The prompt format that makes prompts from the given ones: the model's recorded one, or raw."""
     if raw:
         return RAW
-    recorded = recorded_prompt_format(model, ckpt_path, datamodule, weights_only)
+    recorded = recorded_prompt_format(model, ckpt_path, weights_only=weights_only)
     if recorded is None:
         rank_zero_info("skiptrain: the model records no prompt format: prompts are used as given")
         return RAW
@@ -359,22 +344,11 @@ def _max_new_tokens(model: SkipLM, given: int | None) -> int:
     return given
 
 
-def _limit(num_batches: int) -> int | None:
-    if num_batches == 0 or num_batches < -1:
-        raise UsageError(f"num_batches={num_batches} is invalid: allowed -1 (all) or >= 1")
-    return None if num_batches == -1 else num_batches
-
-
-def _read_grid(path: str) -> dict[str, dict[str, Sequence[Any]]]:
-    """A calibration grid file: ``{family: {parameter: [values]}}``."""
-    try:
-        grid = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise InputError(f"grid={path!r} cannot be read ({' '.join(str(err).split())}): allowed a YAML file "
-                         "{family: {parameter: [values]}}") from err
-    if not isinstance(grid, dict) or not all(isinstance(axes, dict) for axes in grid.values()):
-        raise UsageError(f"grid={path!r} is invalid: allowed a YAML mapping {{family: {{parameter: [values]}}}}")
-    return {name: {k: v if isinstance(v, list) else [v] for k, v in axes.items()} for name, axes in grid.items()}
+def _model_config(model: SkipLM) -> PretrainedConfig:
+    """The architecture ``model`` will have, checked (:meth:`~skiptrain.training.module.SkipLM.check_model`) before any
+    weights are read; the loaded model's own when it is already built."""
+    config = model.check_model()
+    return config if config is not None else model.model.config
 
 
 __all__ = ["SkipTrainer"]

@@ -1,7 +1,7 @@
 """Compare the tensor names and shapes a set of weights has with those an architecture expects.
 
 One report for every place that checks weights against a model: the export's saved safetensors and adapters
-(:mod:`skiptrain.export.write`) and consolidated training checkpoints (:mod:`skiptrain.training.checkpoints`).
+(:mod:`skiptrain.export.verify`) and consolidated training checkpoints (:mod:`skiptrain.training.checkpoints`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Loading data for skiptrain: raw splits from files, the hub or the builtin task, and the LightningDataModule.
+"""The LightningDataModule: a task's splits, loaded, mapped, tokenised and batched.
 
-Splits are loaded (:func:`load_split`), mapped to canonical ``source``/``target`` columns (:func:`resolve_columns`,
-:func:`normalise_columns`), tokenised (:mod:`skiptrain.text.encoding`) and batched by
+Splits are loaded (:func:`~skiptrain.data.loading.load_split`), mapped to canonical ``source``/``target`` columns
+(:mod:`skiptrain.data.columns`), tokenised (:mod:`skiptrain.data.tokenized`) and batched by
 :func:`skiptrain.text.batch.collate`, whose docstring states the batch layout every consumer relies on. Tasks are
 described in :mod:`skiptrain.text.tasks`.
 
@@ -15,379 +15,32 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from collections.abc import Mapping, Sequence
-from functools import lru_cache
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import datasets
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
-from skiptrain.data.builtin_task import build_builtin_dataset
+from skiptrain.data.columns import (
+    group_dataset_references,
+    normalise_columns,
+    resolve_columns,
+    resolve_field_columns,
+)
+from skiptrain.data.loading import load_split
+from skiptrain.data.tokenized import tokenize_blocks, tokenize_pairs
 from skiptrain.errors import DataError, UsageError
 from skiptrain.modeling.loading import load_tokenizer, prepare_tokenizer
-from skiptrain.text.batch import PROMPT_IDS, REFERENCES, SOURCE, TARGET_IDS, Collator
-from skiptrain.text.encoding import encode_pairs, group_into_blocks
+from skiptrain.text.batch import SOURCE, Collator
 from skiptrain.text.prompt_format import PromptFormat, PromptFormatError
 from skiptrain.text.tasks import TASKS, MetricKind, TaskSpec, get_task_spec, validate_template
 
-
-class MissingSplitError(DataError, KeyError):
-    """A split the stage needs is not in the data files or the dataset (a ``KeyError`` too)."""
-
-    __str__ = Exception.__str__  # the message, not KeyError's repr of it
-
-
-class DataFileNotFoundError(DataError, FileNotFoundError):
-    """A local data file does not exist (a ``FileNotFoundError`` too)."""
-
-    __str__ = Exception.__str__
-
-TARGET = "target"
-
-# file extension -> (datasets builder, extra builder kwargs)
-FILE_BUILDERS: dict[str, tuple[str, dict[str, Any]]] = {
-    ".csv": ("csv", {"keep_default_na": False}),
-    ".tsv": ("csv", {"keep_default_na": False, "sep": "\t"}),
-    ".json": ("json", {}),
-    ".jsonl": ("json", {}),
-    ".parquet": ("parquet", {}),
-    ".txt": ("text", {"keep_linebreaks": True}),
-    ".raw": ("text", {"keep_linebreaks": True}),
-}
-
-
-def infer_builder(paths: str | Sequence[str]) -> tuple[str, dict[str, Any]]:
-    """Pick the ``datasets`` builder for local files from their extension.
-
-    Args:
-        paths: One path/glob or a list of them; all must share a builder.
-
-    Returns:
-        ``(builder_name, builder_kwargs)``, e.g. ``("csv", {"keep_default_na": False})``.
-
-    Raises:
-        ValueError: For an unsupported extension or a mix of builders.
-    """
-    path_list = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
-    choices: dict[str, tuple[str, dict[str, Any]]] = {}
-    for path in path_list:
-        suffix = Path(str(path)).suffix.lower()
-        if suffix not in FILE_BUILDERS:
-            raise DataError(
-                f"data file {str(path)!r} has unsupported extension {suffix!r}; supported: {sorted(FILE_BUILDERS)}"
-            )
-        choices[suffix] = FILE_BUILDERS[suffix]
-    if len({(b, tuple(sorted(kw.items()))) for b, kw in choices.values()}) != 1:
-        raise DataError(f"data files {path_list} mix formats {sorted(choices)}; use one format per split")
-    builder, kwargs = next(iter(choices.values()))
-    return builder, dict(kwargs)
-
-
-def resolve_columns(
-    found: Sequence[str],
-    spec: TaskSpec,
-    origin: str,
-    source_column: str | None = None,
-    target_column: str | None = None,
-) -> tuple[str, str | None]:
-    """Decide which columns hold the source and target.
-
-    Explicit names must exist. Otherwise the task defaults are used, then the task's ``column_aliases``.
-
-    Args:
-        found: Column names of the loaded split.
-        spec: The task.
-        origin: Description of where the data came from (file path or dataset id), for error messages.
-        source_column: User-chosen source column, or ``None`` for the task default.
-        target_column: User-chosen target column, or ``None`` for the task default.
-
-    Returns:
-        ``(source_column, target_column)``; the target is ``None`` for language modelling.
-
-    Raises:
-        ValueError: Naming ``origin``, the missing column and the columns found.
-    """
-    found = list(found)
-    lm = spec.is_language_modeling
-    src = source_column or spec.source_column
-    tgt = None if lm else (target_column or spec.target_column)
-    wanted = [c for c in (src, tgt) if c is not None]
-    if all(c in found for c in wanted):
-        return src, tgt
-    if source_column is None and target_column is None and not lm:
-        for alias_src, alias_tgt in spec.column_aliases:
-            if alias_src in found and alias_tgt in found:
-                rank_zero_info(f"{origin}: using columns {alias_src!r} -> {alias_tgt!r} for task {spec.name!r}")
-                return alias_src, alias_tgt
-    missing = [c for c in wanted if c not in found]
-    raise DataError(
-        f"{origin}: missing column(s) {missing} for task {spec.name!r}; columns found: {found}. "
-        "Set source_column/target_column to map your columns."
-    )
-
-
-def resolve_field_columns(found: Sequence[str], fields: Sequence[str], origin: str, source: str | None
-                          ) -> dict[str, str]:
-    """The data column of each template field: ``source`` for ``{source}``, the column of that name otherwise.
-
-    Raises:
-        DataError: naming ``origin``, every field whose column is missing, and the columns found.
-    """
-    columns = {name: source if name == SOURCE and source else name for name in fields}
-    missing = [name for name, column in columns.items() if column not in found]
-    if missing:
-        raise DataError(f"{origin}: the prompt template names column(s) {missing} that the data lacks; columns found: "
-                        f"{list(found)}. Name existing columns in data.prompt_template")
-    return columns
-
-
-def group_references(sources: Sequence[str], targets: Sequence[str]) -> tuple[list[str], list[list[str]]]:
-    """Group (source, reference) pairs by source, for multi-reference evaluation (E2E).
-
-    Args:
-        sources: Source of each row (e.g. the E2E meaning representation).
-        targets: Reference of each row.
-
-    Returns:
-        ``(unique_sources, references)``: sources in order of first appearance, and for each one all of its
-        references in row order.
-    """
-    if len(sources) != len(targets):
-        raise ValueError(f"got {len(sources)} sources but {len(targets)} targets")
-    grouped: dict[str, list[str]] = {}
-    for source, target in zip(sources, targets, strict=True):
-        grouped.setdefault(source, []).append(target)
-    return list(grouped), list(grouped.values())
-
-
 # --------------------------------------------------------------------------------------------------------------
-# Dataset-level steps (thin wrappers over datasets.Dataset methods)
+# LightningDataModule
 # --------------------------------------------------------------------------------------------------------------
-
-
-def _normalise_batch(batch: dict[str, list[Any]], src: str, tgt: str | None, strip: bool,
-                     fields: Mapping[str, str] | None = None) -> dict[str, list[str]]:
-    def as_text(value: Any) -> str:
-        if value is None:
-            return ""
-        return str(value).strip() if strip else str(value)
-
-    if fields:  # a template of several fields: the source is their values, as a JSON object
-        rows = range(len(batch[tgt]))
-        out = {SOURCE: [json.dumps({name: as_text(batch[column][i]) for name, column in fields.items()},
-                                   ensure_ascii=False) for i in rows]}
-    else:
-        out = {SOURCE: [as_text(v) for v in batch[src]]}
-    if tgt is not None:
-        out[TARGET] = [as_text(v) for v in batch[tgt]]
-    return out
-
-
-def normalise_columns(
-    dataset: datasets.Dataset, src: str, tgt: str | None, origin: str, split: str,
-    fields: Mapping[str, str] | None = None,
-) -> datasets.Dataset:
-    """Map a raw split to canonical ``source``(/``target``) string columns and drop empty rows (logged).
-
-    Args:
-        dataset: The raw split.
-        src: Source column.
-        tgt: Target column, or ``None`` for language modelling (only exactly-empty rows are dropped there;
-            whitespace such as blank lines is kept because it is part of the text stream).
-        origin: Where the data came from, for messages.
-        split: Split name, for messages.
-        fields: Template field -> data column, for a template of several fields: the source is then the JSON
-            object of their values (what :meth:`~skiptrain.text.prompt_format.PromptFormat.values` reads).
-
-    Returns:
-        A dataset with columns ``source`` (and ``target``).
-
-    Raises:
-        ValueError: If no rows are left.
-    """
-    lm = tgt is None
-    dataset = dataset.map(
-        _normalise_batch,
-        batched=True,
-        fn_kwargs={"src": src, "tgt": tgt, "strip": not lm, "fields": dict(fields or {})},
-        remove_columns=dataset.column_names,
-        desc=f"normalise {split}",
-    )
-    before = len(dataset)
-    keep_cols = [SOURCE] if lm else [SOURCE, TARGET]
-    dataset = dataset.filter(
-        lambda batch: [all(batch[c][i] for c in keep_cols) for i in range(len(batch[SOURCE]))],
-        batched=True,
-        desc=f"drop empty rows in {split}",
-    )
-    dropped = before - len(dataset)
-    if dropped:
-        rank_zero_info(f"{origin} split {split!r}: dropped {dropped} of {before} rows with empty source or target")
-    if len(dataset) == 0:
-        raise DataError(f"{origin}: split {split!r} has no usable rows (all {before} rows had empty text)")
-    return dataset
-
-
-def group_dataset_references(dataset: datasets.Dataset) -> datasets.Dataset:
-    """Dataset version of :func:`group_references`: one row per unique ``source``.
-
-    Args:
-        dataset: Columns ``source`` and ``target``.
-
-    Returns:
-        Columns ``source``, ``target`` (the first reference, used for the validation loss) and ``references``.
-    """
-    sources, refs = group_references(dataset[SOURCE], dataset[TARGET])
-    return datasets.Dataset.from_dict({SOURCE: sources, TARGET: [r[0] for r in refs], REFERENCES: refs})
-
-
-def _tokenize_pairs_batch(
-    batch: dict[str, list[Any]], tokenizer: Any, template: str | PromptFormat, max_source_tokens: int,
-    max_target_tokens: int,
-) -> dict[str, list[list[int]]]:
-    prompt_ids, target_ids = encode_pairs(
-        tokenizer, template, batch[SOURCE], batch[TARGET], max_source_tokens, max_target_tokens
-    )
-    return {PROMPT_IDS: prompt_ids, TARGET_IDS: target_ids}
-
-
-def _tokenize_blocks_batch(batch: dict[str, list[Any]], tokenizer: Any, block_size: int) -> dict[str, list[list[int]]]:
-    ids = tokenizer(batch[SOURCE], add_special_tokens=False)["input_ids"]
-    blocks = group_into_blocks(ids, block_size)
-    return {PROMPT_IDS: [[] for _ in blocks], TARGET_IDS: blocks}
-
-
-def tokenize_pairs(
-    dataset: datasets.Dataset,
-    tokenizer: Any,
-    template: str | PromptFormat,
-    max_source_tokens: int,
-    max_target_tokens: int,
-    keep_text: bool,
-) -> datasets.Dataset:
-    """Tokenise a ``source``/``target`` dataset with ``Dataset.map`` (batched, so ``datasets`` caches it).
-
-    Args:
-        dataset: Columns ``source``, ``target`` (and optionally ``references``).
-        tokenizer: The tokenizer.
-        template: Prompt template.
-        max_source_tokens: Maximum prompt tokens.
-        max_target_tokens: Maximum target tokens before EOS.
-        keep_text: Keep ``source`` and ``references`` (evaluation); otherwise only the id columns remain.
-
-    Returns:
-        The dataset with ``prompt_ids`` and ``target_ids`` (and ``references`` always present when ``keep_text``).
-    """
-    if keep_text and REFERENCES not in dataset.column_names:
-        dataset = dataset.map(lambda b: {REFERENCES: [[t] for t in b[TARGET]]}, batched=True, desc="references")
-    remove = [TARGET] if keep_text else dataset.column_names
-    return dataset.map(
-        _tokenize_pairs_batch,
-        batched=True,
-        fn_kwargs={
-            "tokenizer": tokenizer,
-            "template": template,
-            "max_source_tokens": max_source_tokens,
-            "max_target_tokens": max_target_tokens,
-        },
-        remove_columns=remove,
-        desc="tokenize",
-    )
-
-
-def tokenize_blocks(dataset: datasets.Dataset, tokenizer: Any, block_size: int) -> datasets.Dataset:
-    """Tokenise plain text and cut it into blocks (``prompt_ids`` empty, ``target_ids`` the block).
-
-    Args:
-        dataset: Column ``source`` with the text rows, in document order.
-        tokenizer: The tokenizer.
-        block_size: Tokens per block.
-
-    Returns:
-        The block dataset.
-    """
-    return dataset.map(
-        _tokenize_blocks_batch,
-        batched=True,
-        batch_size=4096,
-        fn_kwargs={"tokenizer": tokenizer, "block_size": block_size},
-        remove_columns=dataset.column_names,
-        desc=f"tokenize into blocks of {block_size}",
-    )
-
-
-@lru_cache(maxsize=4)
-def _builtin_dataset(seed: int) -> datasets.DatasetDict:
-    """The generated builtin task (cached: setup loads it once per split)."""
-    return build_builtin_dataset(seed=seed)
-
-
-def load_split(
-    split: str,
-    data_files: Mapping[str, str | Sequence[str]] | None,
-    dataset_id: str | None,
-    dataset_config: str | None,
-    seed: int = 0,
-) -> tuple[datasets.Dataset, str]:
-    """Load one raw split from local files, the hub, or the generated builtin task.
-
-    Args:
-        split: Split name (a key of ``data_files`` for local files).
-        data_files: Split -> local path(s); ``None`` to load ``dataset_id``.
-        dataset_id: Hugging Face dataset id; ``None`` (with no ``data_files``) means the builtin task.
-        dataset_config: Dataset config name.
-        seed: Seed for the builtin task.
-
-    Returns:
-        ``(dataset, origin)`` where ``origin`` describes the data for messages.
-
-    Raises:
-        KeyError: If the split is not available (the message lists the available ones).
-        FileNotFoundError: If a local file does not exist.
-        ValueError: If the split is empty or unreadable.
-    """
-    if data_files is not None:
-        if split not in data_files:
-            raise MissingSplitError(f"split {split!r} not in data_files (available: {sorted(data_files)})")
-        paths = data_files[split]
-        path_list = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
-        for path in path_list:
-            if not any(ch in str(path) for ch in "*?[") and not Path(path).exists():
-                raise DataFileNotFoundError(f"data_files[{split!r}]: {path} does not exist; give an existing file")
-        origin = str(paths) if len(path_list) != 1 else str(path_list[0])
-        builder, kwargs = infer_builder([str(p) for p in path_list])
-        try:
-            dataset = datasets.load_dataset(
-                builder, data_files={split: [str(p) for p in path_list]}, split=split, **kwargs
-            )
-        except (datasets.exceptions.DatasetGenerationError, ValueError, StopIteration, UnicodeDecodeError) as err:
-            raise DataError(
-                f"{origin}: split {split!r} is empty or could not be read as {builder} ({type(err).__name__}: {err})"
-            ) from err
-    elif dataset_id is None:
-        origin = "builtin weather task"
-        dsd = _builtin_dataset(seed)
-        if split not in dsd:
-            raise MissingSplitError(f"split {split!r} not in {origin} (available: {sorted(dsd)})")
-        dataset = dsd[split]
-    else:
-        origin = f"dataset {dataset_id!r}" + (f" (config {dataset_config!r})" if dataset_config else "")
-        try:
-            dataset = datasets.load_dataset(dataset_id, dataset_config, split=split)
-        except ValueError as err:
-            if "split" in str(err).lower():
-                raise MissingSplitError(f"split {split!r} not found in {origin}: {err}") from err
-            raise
-    if len(dataset) == 0:
-        raise DataError(f"{origin}: split {split!r} is empty")
-    return dataset, origin
-
 
 def prompt_format_of(
     spec: TaskSpec, prompt_template: str | None, chat_template: bool = False, system_message: str | None = None,
@@ -416,10 +69,6 @@ def stored_prompt_format(data_hparams: Mapping[str, Any] | None) -> PromptFormat
                             bool(data_hparams.get("chat_template")), data_hparams.get("system_message"),
                             data_hparams.get("max_source_tokens"))
 
-
-# --------------------------------------------------------------------------------------------------------------
-# LightningDataModule
-# --------------------------------------------------------------------------------------------------------------
 
 Role = Literal["train", "val", "test"]
 _STAGE_ROLES: dict[str | None, tuple[Role, ...]] = {
@@ -605,11 +254,16 @@ class SkipDataModule(L.LightningDataModule):
         self._missing = set()
 
     def check_context(self, context_length: int | None) -> None:
-        """Refuse length limits that let an example exceed the model's context length (``None``: no limit).
+        """Refuse length limits that let an example exceed the model's context length (``None``: no limit), and a
+        prompt template that alone fills ``max_source_tokens`` (the tokenizer is loaded; no data is read).
 
         Raises:
-            UsageError: naming the limits and the context length.
+            UsageError: naming the limits and the context length, or the template.
+            ModelError: for a tokenizer that cannot be used.
         """
+        if self.prompt_format is not None and (self._tokenizer is not None or self.tokenizer_name is not None):
+            empty = {name: "" for name in self.prompt_format.fields}
+            self.prompt_format.encode(self.tokenizer, [empty])  # the template fits (and a chat template exists)
         if context_length is None:
             return
         if self.task_spec.is_language_modeling:
@@ -741,17 +395,5 @@ class SkipDataModule(L.LightningDataModule):
 
 
 __all__ = [
-    "EpochShuffleSampler",
-    "SkipDataModule",
-    "group_dataset_references",
-    "group_references",
-    "infer_builder",
-    "load_split",
-    "normalise_columns",
     "prompt_format_of",
-    "resolve_columns",
-    "resolve_field_columns",
-    "stored_prompt_format",
-    "tokenize_blocks",
-    "tokenize_pairs",
-]
+    "stored_prompt_format","EpochShuffleSampler", "SkipDataModule"]

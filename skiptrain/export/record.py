@@ -1,7 +1,7 @@
 """The export record: everything an export states about the model and the run that produced it.
 
 One typed record is written by :func:`~skiptrain.export.write.write_export`, read back by
-:func:`~skiptrain.export.write.load_exported`, and assembled from a run by :mod:`skiptrain.training.runs`. On disk it is
+:func:`~skiptrain.export.load.load_exported`, and assembled from a run by :mod:`skiptrain.training.runs`. On disk it is
 spread over the export's files, whose formats are the export contract:
 
 - ``skip_schedule.json``: the schedule (:meth:`~skiptrain.core.schedules.SkipSchedule.to_dict`) plus ``producer``,

@@ -25,8 +25,8 @@ from torch import nn
 
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.errors import InputError, UsageError
+from skiptrain.export.format import SCHEDULE_FILE
 from skiptrain.export.record import producer
-from skiptrain.export.write import SCHEDULE_FILE, is_export, read_skip_schedule
 from skiptrain.frontends.inference import RAW, prompt_batches, prompt_text
 from skiptrain.modeling.generation import generate
 from skiptrain.text.prompt_format import PromptFormat, Source
@@ -40,6 +40,14 @@ DEFAULT_MARGIN = 1e-3
 
 class ConformanceError(InputError):
     """A vectors file or an engine's output file cannot be read (the message names the file and line)."""
+
+
+def check_vector_options(top: int, margin: float | None) -> None:
+    """Refuse ``top`` below 1 or a negative ``margin`` (before the model is loaded to write vectors)."""
+    if top < 1:
+        raise UsageError(f"top={top} is invalid: allowed >= 1")
+    if margin is not None and not margin >= 0:
+        raise UsageError(f"margin={margin} is invalid: allowed >= 0 (a logit gap)")
 
 
 @torch.no_grad()
@@ -67,8 +75,7 @@ def write_vectors(
         ``max_new_tokens``, ``margin``, and ``cases``, each with ``id``, ``prompt``, ``prompt_token_ids``,
         ``token_ids`` and ``top_logits`` (per step, ``top`` pairs ``[token_id, logit]``, best first).
     """
-    if top < 1:
-        raise UsageError(f"top={top} is invalid: allowed >= 1")
+    check_vector_options(top, margin)
     cases: list[dict[str, Any]] = []
     for batch in prompt_batches(tokenizer, prompts, batch_size, prompt_format):
         ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)
@@ -97,25 +104,34 @@ def write_vectors(
     return vectors
 
 
-def read_vectors(path: str | os.PathLike, export: str | os.PathLike | None = None) -> dict[str, Any]:
-    """A vectors file written by :func:`write_vectors`; with ``export``, checked to hold that export's schedule.
+def _read_text(path: str | os.PathLike, option: str, expected: str) -> str:
+    """The UTF-8 text of the file given as ``option``; refused in one line when it is missing or unreadable."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError as err:
+        raise ConformanceError(f"{option}={str(path)!r}: no such file: allowed {expected}") from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConformanceError(f"{option}={str(path)!r} cannot be read as UTF-8 text ({err}): allowed "
+                               f"{expected}") from err
+
+
+def read_vectors(path: str | os.PathLike, schedule: SkipSchedule | None = None) -> dict[str, Any]:
+    """A vectors file written by :func:`write_vectors`; with ``schedule`` (an export's), checked to hold it.
 
     Raises:
         ConformanceError: naming the file when it is not JSON, not of this format and version, or written for
-            another schedule than ``export``'s.
+            another schedule than ``schedule``.
     """
     try:
-        vectors = json.loads(Path(path).read_text())
+        vectors = json.loads(_read_text(path, "vectors", "a vectors file written by `skiptrain conformance`"))
     except json.JSONDecodeError as err:
         raise ConformanceError(f"{path} is not valid JSON: {err}") from err
     if not isinstance(vectors, dict) or vectors.get("format") != FORMAT or vectors.get("version") != VERSION:
         raise ConformanceError(f"{path} is not a conformance vectors file: allowed format={FORMAT!r}, "
                                f"version={VERSION} (write one with `skiptrain conformance`)")
-    if export is not None and is_export(export):
-        schedule = read_skip_schedule(export)[0]
-        if SkipSchedule.from_dict(vectors["skip_schedule"]) != schedule:
-            raise ConformanceError(f"{path} was written for another schedule than {export}'s {SCHEDULE_FILE}: "
-                                   "allowed only vectors of the export under test")
+    if schedule is not None and SkipSchedule.from_dict(vectors["skip_schedule"]) != schedule:
+        raise ConformanceError(f"{path} was written for another schedule than the export's {SCHEDULE_FILE}: "
+                               "allowed only vectors of the export under test")
     return vectors
 
 
@@ -126,7 +142,8 @@ def read_outputs(path: str | os.PathLike) -> dict[int, list[int]]:
         ConformanceError: naming the line of a malformed or repeated entry.
     """
     outputs: dict[int, list[int]] = {}
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    text = _read_text(path, "check", "the engine's JSON-lines output")
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -223,6 +240,7 @@ __all__ = [
     "ConformanceReport",
     "Divergence",
     "check_outputs",
+    "check_vector_options",
     "read_outputs",
     "read_vectors",
     "write_vectors",

@@ -152,6 +152,12 @@ def _prompt_tail(tokenizer: Any, prompt: str, budget: int) -> str:
     raise PromptError(f"a prompt cannot be truncated to {budget} tokens")
 
 
+def check_batch_size(batch_size: int) -> None:
+    """Refuse a ``batch_size`` below 1 (before anything is loaded: :func:`prompt_batches` runs lazily)."""
+    if batch_size < 1:
+        raise UsageError(f"batch_size={batch_size} is invalid: allowed >= 1")
+
+
 def prompt_batches(tokenizer: Any, prompts: Sequence[Source], batch_size: int, prompt_format: PromptFormat = RAW
                    ) -> Iterator[dict[str, Any]]:
     """Batches of ``batch_size`` prompts made by ``prompt_format`` (raw by default), left-padded as training batches
@@ -160,8 +166,7 @@ def prompt_batches(tokenizer: Any, prompts: Sequence[Source], batch_size: int, p
     Raises:
         ValueError: If ``batch_size < 1``.
     """
-    if batch_size < 1:
-        raise UsageError(f"batch_size={batch_size} is invalid: allowed >= 1")
+    check_batch_size(batch_size)
     prompt_ids = prompt_format.encode(tokenizer, prompts)[1]
     for start in range(0, len(prompt_ids), batch_size):
         yield collate_prompts(prompt_ids[start:start + batch_size], tokenizer.pad_token_id)
@@ -384,6 +389,7 @@ __all__ = [
     "DecodeStats",
     "GenerationReport",
     "SpeedComparison",
+    "check_batch_size",
     "compare_speed",
     "complete",
     "fit_prompts",

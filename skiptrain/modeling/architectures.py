@@ -11,14 +11,15 @@ also names the default LoRA targets. Everything else (attention, caches, masks, 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.pytorch_utils import Conv1D
 
 from skiptrain.errors import ModelError, UsageError
 
@@ -130,6 +131,25 @@ def architecture(model_type: str) -> Architecture:
             f"allowed {sorted(ARCHITECTURES)} (add an entry to skiptrain.modeling.architectures.ARCHITECTURES)"
         )
     return found
+
+
+def check_lora_targets(config: PretrainedConfig, targets: Sequence[str]) -> None:
+    """Refuse LoRA ``targets`` that name no linear layer of a model of ``config`` (built on the meta device: no
+    weights, no memory), listing the names that can be targeted.
+
+    A target matches as peft matches it: a module's full name, or its last dotted components.
+
+    Raises:
+        UsageError: naming the targets that match nothing.
+    """
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear | Conv1D)]
+    unmatched = [t for t in targets if not any(name == t or name.endswith("." + t) for name in linear)]
+    if unmatched:
+        allowed = sorted({name.rsplit(".", 1)[-1] for name in linear})
+        raise UsageError(f"lora.target_modules={list(targets)} is invalid: {unmatched} match no linear layer of "
+                         f"model_type={config.model_type!r}: allowed {allowed}")
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import yaml
 from torchmetrics import MeanMetric
 from tqdm.auto import tqdm
 
@@ -44,7 +47,7 @@ from skiptrain.core.schedules import (
     Static,
 )
 from skiptrain.core.speedup import mean_executed_layers
-from skiptrain.errors import DataError
+from skiptrain.errors import DataError, InputError, UsageError
 from skiptrain.modeling.architectures import decoder_parts
 from skiptrain.modeling.forward import skip_hidden_states
 from skiptrain.text.batch import IGNORE_INDEX
@@ -55,6 +58,12 @@ if TYPE_CHECKING:
 
 SEARCHED_FAMILIES = ("skipdecode", "ranked", "hierarchical", "static")
 """Families :func:`search_candidates` enumerates (``ranked`` uses the measured importance ranking)."""
+HIERARCHICAL_STARTS = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+"""Generated indices at which the searched Hierarchical schedules may start a phase (those below the longest target)."""
+DEFAULT_TARGETS = (1.5, 2.0, 3.0)
+
+Grid = Mapping[str, Mapping[str, Sequence[Any]]]
+"""A calibration grid: ``{family: {parameter: [values]}}``."""
 
 
 # -- measuring --------------------------------------------------------------------------------------------------
@@ -163,7 +172,7 @@ def family_space(name: str, num_layers: int, lengths: Sequence[int], ranking: Se
         return [FAMILIES[name](min_layers=low, max_layers=high, decay_tokens=span, **extra)
                 for span in _decay_spans(lengths) for high in range(2, num_layers + 1) for low in range(2, high + 1)]
     if name == "hierarchical":
-        starts = [b for b in (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64) if b < max(lengths)]
+        starts = [b for b in HIERARCHICAL_STARTS if b < max(lengths)]
         levels = (num_layers - 1).bit_length() - 1  # the largest k with 2**k < num_layers
         return [Hierarchical(phase_boundaries=bounds)
                 for count in range(1, levels + 1) for bounds in itertools.combinations(starts, count)]
@@ -198,15 +207,14 @@ def search_candidates(
     return list(chosen)
 
 
-def grid_candidates(grid: Mapping[str, Mapping[str, Sequence[Any]]], num_layers: int,
-                    ranking: Sequence[int]) -> list[ScheduleFamily]:
+def grid_candidates(grid: Grid, num_layers: int, ranking: Sequence[int]) -> list[ScheduleFamily]:
     """Every valid combination of a grid ``{family: {parameter: [values]}}`` (``ranked`` gets ``ranking`` unless
     the grid gives one); combinations the family refuses (e.g. ``min_layers > max_layers``) are left out.
 
     Raises:
         ScheduleError: for an unknown family or parameter, or a grid without a single valid combination.
     """
-    candidates = []
+    candidates, refusal = [], None
     for name, axes in grid.items():
         family = FAMILIES.get(name)
         if family is None:
@@ -220,12 +228,134 @@ def grid_candidates(grid: Mapping[str, Mapping[str, Sequence[Any]]], num_layers:
             candidate = family(**dict(zip(axes, values, strict=True)))
             try:
                 candidate.build(num_layers)
-            except ScheduleError:
+            except ScheduleError as err:
+                refusal = refusal or f"{name} {candidate.params()}: {err}"
                 continue
             candidates.append(candidate)
     if not candidates:
-        raise ScheduleError(f"grid={dict(grid)} has no valid schedule for {num_layers} decoder layers")
+        raise ScheduleError(f"grid={dict(grid)} has no valid schedule for {num_layers} decoder layers: change its "
+                            f"values so that at least one combination is valid (the first refused: {refusal})")
     return candidates
+
+
+# -- the request, checked before any weights or data are read ------------------------------------------------------
+def read_grid(path: str | os.PathLike) -> dict[str, dict[str, list[Any]]]:
+    """A calibration grid file: ``{family: {parameter: [values]}}`` (a single value counts as a list of one).
+
+    Raises:
+        InputError: for a file that cannot be read as YAML.
+        UsageError: for YAML that is not such a mapping.
+    """
+    try:
+        grid = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise InputError(f"grid={str(path)!r} cannot be read ({' '.join(str(err).split())}): allowed a YAML file "
+                         "{family: {parameter: [values]}}") from err
+    if not isinstance(grid, dict) or not all(isinstance(axes, dict) for axes in grid.values()):
+        raise UsageError(f"grid={str(path)!r} is invalid: allowed a YAML mapping {{family: {{parameter: [values]}}}}")
+    return {name: {k: v if isinstance(v, list) else [v] for k, v in axes.items()} for name, axes in grid.items()}
+
+
+def highest_speedup(families: Iterable[ScheduleFamily], num_layers: int) -> float:
+    """The highest ideal speedup any of ``families`` has on ``num_layers`` layers, in its deepest-skipping steady
+    state (its last executed set): no realised speedup over any target lengths is higher."""
+    schedules = (family.build(num_layers) for family in families)
+    return max(num_layers / len(s.executed_layers(s.span - 1)) for s in schedules)
+
+
+@dataclass(frozen=True)
+class CalibrationRequest:
+    """What ``skiptrain calibrate`` was asked for, checked by :meth:`checked` against the model's depth alone.
+
+    Args:
+        targets: Target ideal speedups, each reachable by some candidate.
+        families: Families searched for each target (when no ``grid`` is given).
+        grid: ``{family: {parameter: [values]}}``, with at least one valid schedule, or ``None`` to search.
+        per_target: Configurations scored per family and target in the search (>= 1).
+        tolerance: Relative window above each target that the search scores (>= 0).
+        num_batches: Validation batches scored (``-1``: all).
+        generation_batches: Validation batches on which the Pareto front is also decoded (>= 0).
+    """
+
+    targets: tuple[float, ...] = DEFAULT_TARGETS
+    families: tuple[str, ...] = SEARCHED_FAMILIES
+    grid: Grid | None = None
+    per_target: int = 2
+    tolerance: float = 0.1
+    num_batches: int = -1
+    generation_batches: int = 0
+
+    @classmethod
+    def checked(
+        cls,
+        num_layers: int,
+        targets: Sequence[float] | None = None,
+        families: Sequence[str] | None = None,
+        grid: str | os.PathLike | None = None,
+        per_target: int = 2,
+        tolerance: float = 0.1,
+        num_batches: int = -1,
+        generation_batches: int = 0,
+    ) -> CalibrationRequest:
+        """The request for a model of ``num_layers`` decoder layers, ``grid`` read from its file.
+
+        Raises:
+            UsageError: naming the first option that is invalid: an unknown family, a grid without a valid schedule
+                for ``num_layers``, a target below 1 or above :func:`highest_speedup` of the candidates, a count
+                out of range.
+            InputError: for a grid file that cannot be read.
+        """
+        families = tuple(SEARCHED_FAMILIES if families is None else families)
+        unknown = sorted(set(families) - set(SEARCHED_FAMILIES))
+        if unknown or not families:
+            raise UsageError(f"families={list(families)} is invalid: allowed some of {list(SEARCHED_FAMILIES)}")
+        for name, value, low in (("per_target", per_target, 1), ("generation_batches", generation_batches, 0)):
+            if value < low:
+                raise UsageError(f"{name}={value} is invalid: allowed >= {low}")
+        if not tolerance >= 0:
+            raise UsageError(f"tolerance={tolerance} is invalid: allowed >= 0")
+        if num_batches == 0 or num_batches < -1:
+            raise UsageError(f"num_batches={num_batches} is invalid: allowed -1 (all) or >= 1")
+        request = cls(tuple(DEFAULT_TARGETS if targets is None else targets), families,
+                      read_grid(grid) if grid is not None else None, per_target, tolerance, num_batches,
+                      generation_batches)
+        request.check_targets(num_layers)
+        return request
+
+    def candidate_space(self, num_layers: int) -> list[ScheduleFamily]:
+        """Every configuration the calibration may score (the grid's valid ones, or the searched families'), with a
+        placeholder ranking (a ranking changes which layers run, not how many)."""
+        ranking = range(num_layers)
+        if self.grid:
+            return grid_candidates(self.grid, num_layers, ranking)
+        lengths = [HIERARCHICAL_STARTS[-1] + 1]  # long enough for every phase start the search tries
+        return [f for name in self.families for f in family_space(name, num_layers, lengths, ranking)]
+
+    def check_targets(self, num_layers: int) -> None:
+        """Refuse targets below 1, and targets above the highest ideal speedup of :meth:`candidate_space`."""
+        for target in self.targets:
+            if not target >= 1:
+                raise ScheduleError(f"target={target} is invalid: allowed ideal speedups >= 1")
+        highest = highest_speedup(self.candidate_space(num_layers), num_layers)
+        beyond = [t for t in self.targets if t > highest]
+        if beyond:
+            searched = "the grid's schedules" if self.grid else f"the families {list(self.families)}"
+            raise ScheduleError(f"targets={beyond} are invalid for a model of {num_layers} decoder layers: allowed "
+                                f"ideal speedups 1 <= target <= {highest:.2f}, the most {searched} reach")
+
+
+def validation_batches(datamodule: Any, num_batches: int = -1) -> list[dict[str, Any]]:
+    """The first ``num_batches`` validation batches of ``datamodule`` (``-1``: all), on the CPU.
+
+    Raises:
+        DataError: when the data module has no validation batches.
+    """
+    datamodule.setup("validate")
+    batches = list(itertools.islice(datamodule.val_dataloader(), None if num_batches == -1 else num_batches))
+    if not batches:
+        raise DataError("the data module has no validation batches: give data.data_files: {validation: FILE} (or "
+                        "data whose split has a validation part) to calibrate on")
+    return batches
 
 
 # -- results ----------------------------------------------------------------------------------------------------
@@ -340,9 +470,9 @@ def generation_scores(module: SkipLM, batches: Sequence[Mapping[str, Any]], fami
 def calibrate(
     module: SkipLM,
     batches: Sequence[Mapping[str, Any]],
-    targets: Sequence[float] = (1.5, 2.0, 3.0),
+    targets: Sequence[float] = DEFAULT_TARGETS,
     families: Sequence[str] = SEARCHED_FAMILIES,
-    grid: Mapping[str, Mapping[str, Sequence[Any]]] | None = None,
+    grid: Grid | None = None,
     per_target: int = 2,
     tolerance: float = 0.1,
     generation_batches: Sequence[Mapping[str, Any]] = (),
@@ -363,10 +493,8 @@ def calibrate(
         metric: ``rouge`` or ``bleu`` for ``generation_batches``.
         progress: Show progress bars.
     """
-    for target in targets:
-        if not target >= 1:
-            raise ScheduleError(f"target={target} is invalid: allowed ideal speedups >= 1")
     num_layers = decoder_parts(module.model).num_layers
+    CalibrationRequest(tuple(targets), tuple(families), grid).check_targets(num_layers)
     lengths = target_lengths(batches)
     if sum(lengths) == 0:
         raise DataError("the validation batches have no labelled target tokens: nothing to calibrate on")
@@ -389,6 +517,7 @@ def calibrate(
 
 __all__ = [
     "Calibration",
+    "CalibrationRequest",
     "Candidate",
     "LayerImportance",
     "SEARCHED_FAMILIES",
@@ -396,10 +525,13 @@ __all__ = [
     "calibrate",
     "family_space",
     "grid_candidates",
+    "highest_speedup",
     "importance_ranking",
     "layer_importance",
     "pareto_front",
+    "read_grid",
     "schedule_loss",
     "search_candidates",
     "target_lengths",
+    "validation_batches",
 ]

@@ -28,13 +28,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from skiptrain.core.key_diff import diff_keys, list_names
-from skiptrain.errors import InputError
+from skiptrain.errors import InputError, UsageError
 
 __all__ = [
     "CheckpointError",
     "checkpoint_layout",
     "checkpoint_metadata",
     "consolidate_checkpoint",
+    "resolve_ckpt_path",
 ]
 
 Layout = Literal["file", "deepspeed", "fsdp_sharded"]
@@ -66,6 +67,34 @@ def checkpoint_layout(path: str | os.PathLike) -> Layout:
         f"checkpoint directory {str(path)!r} is neither a DeepSpeed ZeRO checkpoint (a 'latest' file and "
         "<tag>/*model_states.pt) nor a torch.distributed.checkpoint (FSDP) directory (a '.metadata' file)"
     )
+
+
+LAST = "last"
+"""``--ckpt_path last``: the newest ``last*.ckpt`` of the run's directory (``trainer.default_root_dir``)."""
+LIGHTNING_ONLY = ("best", "hpc", "registry")
+"""Lightning's other ``ckpt_path`` keywords, which need a live trainer or a cluster or model registry."""
+
+
+def resolve_ckpt_path(ckpt_path: str, root: str | os.PathLike) -> str:
+    """``ckpt_path`` as a path: ``last`` becomes the newest ``last*.ckpt`` under ``root``; other paths are kept.
+
+    Raises:
+        UsageError: for Lightning's ``best``, ``hpc`` and ``registry`` keywords and URLs, which skiptrain does not
+            resolve.
+        CheckpointError: for ``last`` when ``root`` holds no ``last*.ckpt``.
+    """
+    if ckpt_path in LIGHTNING_ONLY or "://" in ckpt_path:
+        raise UsageError(f"ckpt_path={ckpt_path!r} is not supported: allowed the path of a checkpoint (a file or a "
+                         f"sharded checkpoint directory) or {LAST!r} (the newest last.ckpt under "
+                         "trainer.default_root_dir)")
+    if ckpt_path != LAST or Path(ckpt_path).exists():
+        return ckpt_path
+    found = sorted(Path(root).rglob("last*.ckpt"), key=lambda path: path.stat().st_mtime)
+    if not found:
+        raise CheckpointError(f"ckpt_path='last': no last.ckpt under trainer.default_root_dir={str(root)!r}: give "
+                              "the path of a checkpoint, or set trainer.default_root_dir to the run's directory")
+    rank_zero_info(f"skiptrain: ckpt_path='last' is {found[-1]}")
+    return str(found[-1])
 
 
 def consolidate_checkpoint(

@@ -67,17 +67,14 @@ def evaluate_against_dense(trainer: L.Trainer, module: SkipLM, datamodule: SkipD
 
     Args:
         trainer: Runs ``test``.
-        module: The module with its weights (its schedule is restored after the dense run).
+        module: The module with its weights.
         datamodule: The task's data module (its test split is scored).
         output: Also write the table as JSON to this file (on global rank zero).
     """
     schedule = module.schedule
     scheduled = _floats(trainer.test(module, datamodule=datamodule, verbose=False))
-    module.schedule = Dense().build(schedule.num_layers)
-    try:
+    with module.scored_under(Dense().build(schedule.num_layers)):
         dense = _floats(trainer.test(module, datamodule=datamodule, verbose=False))
-    finally:
-        module.schedule = schedule
     length = module.generation.max_new_tokens
     table = evaluation_table(scheduled, dense, schedule, length)
     rank_zero_info(f"skiptrain evaluate ({datamodule.task}, test split), schedule {schedule.family} vs dense; "

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -12,8 +14,8 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from jsonargparse import set_parsing_settings
-from lightning.pytorch.utilities import rank_zero_info
-from peft import LoraConfig, PeftModel, get_peft_model
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from peft import PeftModel
 from torchmetrics import MeanMetric
 from torchmetrics.text import ROUGEScore, SacreBLEUScore
 from transformers import (
@@ -25,38 +27,23 @@ from transformers import (
 
 from skiptrain.core.schedules import Dense, ScheduleFamily, SkipSchedule, anneal_from_dense
 from skiptrain.errors import UsageError
-from skiptrain.export.write import is_export
-from skiptrain.modeling.architectures import architecture, decoder_parts
+from skiptrain.export.format import ExportUsageError
+from skiptrain.export.record import ExportRecord
+from skiptrain.export.verify import export_config
+from skiptrain.modeling.architectures import check_lora_targets, decoder_parts
 from skiptrain.modeling.generation import SamplingConfig, generate
 from skiptrain.modeling.loading import load_causal_lm, load_config, load_tokenizer
 from skiptrain.text.batch import IGNORE_INDEX
+from skiptrain.training.checkpoints import consolidate_checkpoint
+from skiptrain.training.lora import LoraSettings, with_adapters
 from skiptrain.training.losses import distillation_kl, target_cross_entropy, target_logits
-from skiptrain.training.warm_start import load_run_weights, trained_model
+from skiptrain.training.sources import Source, load_run_weights, load_trained_model, resolve_source
 
 LR_SCHEDULES = {
     "cosine": get_cosine_schedule_with_warmup,
     "linear": get_linear_schedule_with_warmup,
     "constant": get_constant_schedule_with_warmup,
 }
-
-
-@dataclass
-class LoraSettings:
-    """LoRA adapters through peft (the base weights stay frozen).
-
-    Args:
-        r: Adapter rank.
-        alpha: Scaling numerator (``lora_alpha``).
-        dropout: Dropout on the adapter input.
-        target_modules: Module names to adapt; ``None`` uses the model family's attention projections.
-        bias: Which biases to train: ``none``, ``all`` or ``lora_only``.
-    """
-
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
-    target_modules: list[str] | None = None
-    bias: Literal["none", "all", "lora_only"] = "none"
 
 
 TEACHERS = ("dense", "base")
@@ -194,14 +181,17 @@ class SkipLM(L.LightningModule):
             raise UsageError(f"warmup_steps={warmup_steps} is invalid: allowed >= 0")
         if dense_loss_weight < 0:
             raise UsageError(f"dense_loss_weight={dense_loss_weight} is invalid: allowed >= 0")
-        if init_from is not None and not Path(init_from).exists():
-            raise UsageError(f"init_from={init_from!r} is invalid: allowed the path of an existing checkpoint or "
-                             "export")
+        init_source = _earlier_run("init_from", init_from) if init_from is not None else None
+        teacher = distillation.teacher if distillation is not None else None
+        teacher_source = _earlier_run("distillation.teacher", teacher) if teacher not in (None, *TEACHERS) else None
         if distillation is not None and distillation.teacher == "base" and lora is None:
             raise UsageError("distillation.teacher='base' needs lora: the base model with adapters disabled is the "
                              "teacher; use teacher 'dense' or a checkpoint path for full fine-tuning")
         self.save_hyperparameters()
         self.model_name = model
+        self.source = resolve_source(model)
+        self._init_source = init_source
+        self._teacher_source = teacher_source
         self.schedule_family = schedule
         self.lora = lora
         self.distillation = distillation
@@ -212,6 +202,7 @@ class SkipLM(L.LightningModule):
         self.schedule: SkipSchedule | None = None
         self.tokenizer = None
         self._teacher: tuple[torch.nn.Module, ...] = ()  # a frozen teacher run, kept out of state_dict and optimizer
+        self._scored_schedule: SkipSchedule | None = None  # set only inside scored_under()
         self._step_started: float | None = None
         self.val_loss = torch.nn.ModuleDict({name: MeanMetric() for name in ("skip", "dense")})
         self.rouge: ROUGEScore | None = None
@@ -246,21 +237,28 @@ class SkipLM(L.LightningModule):
         """Refuse a model that cannot be found, or a schedule that does not fit it, from the model's config alone.
 
         No weights are read (a GGUF file's header is, once: the config is kept for later calls). The CLI calls it
-        before a run directory or an output is written. An export directory is checked when it is loaded.
+        before a run directory or an output is written. An export directory is verified as when it is loaded
+        (:func:`~skiptrain.export.verify.verify_export`); LoRA ``target_modules`` are matched against the
+        architecture.
 
         Returns:
-            The model's transformers config, or ``None`` for an export or a model already built.
+            The model's (or the export's) transformers config, or ``None`` for a model already built.
 
         Raises:
             ModelError: for a model that cannot be found or is not a causal LM.
+            ExportError: for an export that cannot be used.
             ScheduleError: for schedule parameters the model's layer count does not allow.
-            UsageError: for a missing schedule.
+            UsageError: for a missing schedule, or LoRA targets that match no layer.
         """
-        if self.model is not None or is_export(self.model_name):
+        if self.model is not None:
             return None
+        if self.source.kind == "export":
+            return export_config(self.source.name)  # its own schedule, verified with it
         if self._model_config is None:
             self._model_config = load_config(self.model_name)
         self._schedule_family().build(self._model_config.num_hidden_layers)
+        if self.lora is not None and self.lora.target_modules:
+            check_lora_targets(self._model_config, self.lora.target_modules)
         return self._model_config
 
     def configure_model(self) -> None:
@@ -270,17 +268,13 @@ class SkipLM(L.LightningModule):
         family = self._schedule_family()
         model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation).train()
         self.schedule = family.build(model.config.num_hidden_layers)
-        if self.hparams.init_from is not None:
-            load_run_weights(model, self.hparams.init_from)
-        if self.distillation is not None and self.distillation.teacher not in TEACHERS:
-            teacher = trained_model(self.distillation.teacher, self.hparams.attn_implementation)
+        if self._init_source is not None:
+            load_run_weights(model, self._init_source)
+        if self._teacher_source is not None:
+            teacher = load_trained_model(self._teacher_source, self.hparams.attn_implementation)
             self._teacher = (teacher.eval().requires_grad_(False),)
         if self.lora is not None:
-            targets = self.lora.target_modules or architecture(model.config.model_type).lora_targets
-            model = get_peft_model(model, LoraConfig(
-                r=self.lora.r, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
-                target_modules=list(targets), bias=self.lora.bias, task_type="CAUSAL_LM",
-            ))
+            model = with_adapters(model, self.lora)
         if self.hparams.activation_checkpointing:
             base = model.get_base_model() if isinstance(model, PeftModel) else model
             base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -293,6 +287,41 @@ class SkipLM(L.LightningModule):
             f"{self.schedule.params}: {self.schedule.mean_layers_per_token():.2f} layers per generated token "
             f"over its span of {self.schedule.span} tokens, ideal decode speedup {self.schedule.ideal_speedup():.2f}x"
         )
+
+    def load_weights(self, ckpt_path: str | None = None, weights_only: bool | None = None) -> ExportRecord:
+        """Load the weights to run: an export's (with its schedule and tokenizer), or the configured model's plus a
+        checkpoint's.
+
+        Args:
+            ckpt_path: A Lightning checkpoint of a fit run (refused for an export, which has its own weights).
+            weights_only: How the checkpoint is unpickled
+                (:func:`~skiptrain.training.checkpoints.consolidate_checkpoint`).
+
+        Returns:
+            Where the weights came from: the export's record, or a record naming ``model`` as the base model,
+            trained with the schedule when a checkpoint was given.
+
+        Raises:
+            ExportError: for an export combined with a checkpoint, or an unusable export.
+            CheckpointError: for an unusable checkpoint.
+        """
+        if self.model is None and self.source.kind == "export":
+            if ckpt_path:
+                raise ExportUsageError(
+                    f"model.model={self.model_name!r} is an export (it has its weights); ckpt_path={ckpt_path!r} "
+                    "would replace them: give model.model the base model to use a checkpoint"
+                )
+            exported = self.source.load_export(self.hparams.attn_implementation)
+            self.model, self.schedule, self.tokenizer = exported
+            rank_zero_info(f"skiptrain: loaded the export {exported.path}; its skip_schedule.json is used "
+                           f"(model.schedule and model.lora do not apply to an export)")
+            return dataclasses.replace(exported.record, base_model=exported.record.base_model or self.model_name)
+        self.configure_model()
+        if ckpt_path:
+            self.load_state_dict(consolidate_checkpoint(ckpt_path, reference=self, weights_only=weights_only))
+        else:
+            rank_zero_warn(f"no ckpt_path: using the weights of {self.model_name!r} as loaded, not fine-tuned")
+        return ExportRecord(self.model_name, trained_with_schedule=bool(ckpt_path), schedule=self.schedule)
 
     def get_tokenizer(self):
         if self.tokenizer is None:
@@ -370,12 +399,28 @@ class SkipLM(L.LightningModule):
         self.log("train/lr", optimizer.param_groups[0]["lr"], on_step=True)
 
     # -- evaluation ------------------------------------------------------------------------------------------------
+    @property
+    def scored_schedule(self) -> SkipSchedule:
+        """The schedule validation, test and predict run under: the model's, or the one given to
+        :meth:`scored_under`."""
+        return self._scored_schedule or self.schedule
+
+    @contextmanager
+    def scored_under(self, schedule: SkipSchedule) -> Iterator[None]:
+        """Validate, test and predict under ``schedule`` inside the block (e.g. the dense column of ``evaluate``);
+        the model's own schedule, which training and export use, is unchanged."""
+        self._scored_schedule = schedule
+        try:
+            yield
+        finally:
+            self._scored_schedule = None
+
     def _evaluate(self, batch: dict[str, Any], batch_idx: int, stage: str) -> None:
         weight = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
         if weight == 0:
             return
         dense = Dense().build(self.schedule.num_layers)
-        for name, schedule in (("skip", self.schedule), ("dense", dense)):
+        for name, schedule in (("skip", self.scored_schedule), ("dense", dense)):
             loss = target_cross_entropy(*self.target_logits(batch, schedule))
             self.val_loss[name].update(loss, weight)
         if self.generation.num_batches != 0 and (self.rouge or self.bleu) and "references" in batch:
@@ -423,7 +468,7 @@ class SkipLM(L.LightningModule):
         """Generate continuations of left-padded prompts with the skip-aware front-end and decode them."""
         tokenizer = self.get_tokenizer()
         return generate(
-            self.model, input_ids, attention_mask, schedule or self.schedule,
+            self.model, input_ids, attention_mask, schedule or self.scored_schedule,
             max_new_tokens=self.generation.max_new_tokens, sampling=self.generation.sampling,
             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
             synced=self._trainer is not None and self.trainer.world_size > 1,  # same layer calls on every rank
@@ -445,3 +490,11 @@ class SkipLM(L.LightningModule):
         kwargs = {} if self.hparams.lr_schedule == "constant" else {"num_training_steps": max(total, 1)}
         scheduler = factory(optimizer, num_warmup_steps=self.hparams.warmup_steps, **kwargs)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _earlier_run(field: str, path: str) -> Source:
+    """``path`` resolved as an earlier run (a checkpoint or an export); anything else is refused, naming ``field``."""
+    source = resolve_source(path)
+    if not Path(path).exists() or source.kind == "pretrained":
+        raise UsageError(f"{field}={path!r} is invalid: allowed the path of an existing checkpoint or export")
+    return source

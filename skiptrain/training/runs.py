@@ -16,21 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from skiptrain.core.output_dir import check_output_dir
 from skiptrain.data.datamodule import stored_prompt_format
+from skiptrain.export.format import ADAPTER_ONLY_NEEDS_LORA, ExportError, ExportUsageError, is_export, read_record
 from skiptrain.export.record import NOT_RECORDED, ExportedCheckpoint, ExportRecord
-from skiptrain.export.write import (
-    ExportError,
-    ExportUsageError,
-    is_export,
-    load_exported,
-    read_record,
-    write_export,
-)
+from skiptrain.export.write import write_export
 from skiptrain.text.prompt_format import PromptFormat
-from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata, consolidate_checkpoint
+from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata
 
 if TYPE_CHECKING:
     import lightning as L
@@ -41,42 +34,6 @@ if TYPE_CHECKING:
 RUN_CONFIG_FILE = "config.yaml"  # what LightningCLI's SaveConfigCallback writes into the run's log dir
 RUN_METRICS_FILE = "metrics.csv"  # what CSVLogger writes into the run's log dir
 VALIDATION_PREFIX = "val/"
-
-
-# -- the weights -----------------------------------------------------------------------------------------------------
-def load_weights(module: SkipLM, ckpt_path: str | None, weights_only: bool | None = None) -> ExportRecord:
-    """Give ``module`` its model: from an export directory, or built from its config plus a checkpoint's weights.
-
-    Args:
-        module: A :class:`~skiptrain.training.module.SkipLM`; ``module.model_name`` may be an export directory.
-        ckpt_path: A Lightning checkpoint of a fit run (refused for an export, which has its own weights).
-        weights_only: How the checkpoint is unpickled (:func:`~skiptrain.training.checkpoints.consolidate_checkpoint`).
-
-    Returns:
-        Where the weights came from: the export's record, or a record naming ``module.model_name`` as the base
-        model, trained with the schedule when a checkpoint was given.
-
-    Raises:
-        ExportError: for an export combined with a checkpoint, or an unusable export.
-        CheckpointError: for an unusable checkpoint.
-    """
-    if module.model is None and is_export(module.model_name):
-        if ckpt_path:
-            raise ExportUsageError(
-                f"model.model={module.model_name!r} is an export (it has its weights); ckpt_path={ckpt_path!r} "
-                "would replace them: give model.model the base model to use a checkpoint"
-            )
-        exported = load_exported(module.model_name, attn_implementation=module.hparams.attn_implementation)
-        module.model, module.schedule, module.tokenizer = exported
-        rank_zero_info(f"skiptrain: loaded the export {exported.path}; its skip_schedule.json is used "
-                       f"(model.schedule and model.lora do not apply to an export)")
-        return dataclasses.replace(exported.record, base_model=exported.record.base_model or module.model_name)
-    module.configure_model()
-    if ckpt_path:
-        module.load_state_dict(consolidate_checkpoint(ckpt_path, reference=module, weights_only=weights_only))
-    else:
-        rank_zero_warn(f"no ckpt_path: using the weights of {module.model_name!r} as loaded, not fine-tuned")
-    return ExportRecord(module.model_name, trained_with_schedule=bool(ckpt_path), schedule=module.schedule)
 
 
 # -- the record ------------------------------------------------------------------------------------------------------
@@ -93,7 +50,8 @@ def run_record(
     """``weights`` (where the weights came from) completed with what is known about the run.
 
     Args:
-        weights: Base model, ``trained_with_schedule`` and schedule of the weights (e.g. :func:`load_weights`).
+        weights: Base model, ``trained_with_schedule`` and schedule of the weights
+            (e.g. :meth:`~skiptrain.training.module.SkipLM.load_weights`).
         task: The run's task name, if known.
         config_file: The run's ``config.yaml``, if there is one; it is the training config as written.
         model_hparams: Model hyperparameters, reconstructed into the training config without ``config_file``.
@@ -220,7 +178,9 @@ def export_checkpoint(
     """
     check_output_dir(output_dir, overwrite)
     fresh = module.model is None
-    weights = load_weights(module, ckpt_path, weights_only)
+    if adapter_only and fresh and (module.lora is None or module.source.kind == "export"):
+        raise ExportUsageError(ADAPTER_ONLY_NEEDS_LORA)  # known before any weights are loaded
+    weights = module.load_weights(ckpt_path, weights_only)
     record = checkpoint_record(weights, ckpt_path, module, datamodule, weights_only)
     return export_module(module, output_dir, record, adapter_only=adapter_only, overwrite=overwrite, in_place=fresh)
 
@@ -335,7 +295,6 @@ __all__ = [
     "find_run_file",
     "fit_record",
     "hyperparameters_yaml",
-    "load_weights",
     "recorded_prompt_format",
     "run_record",
     "validation_metrics_from_checkpoint",

@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face causal LMs of every supported family, built from configs (no network)."""
+"""Tiny random Hugging Face causal LMs of every supported architecture, built from configs (no network)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,14 @@ from transformers import (
 
 from skiptrain.modeling.architectures import attention_for
 
-FAMILIES = ("opt", "llama", "gpt2", "mistral", "qwen2", "qwen3", "gemma2", "phi3")
+# "mistral-sliding" is Mistral with a sliding window of 4 columns, shorter than every test sequence, so that the
+# sliding-window attention masks are built and used (the other Mistral has none).
+ARCHITECTURES = ("opt", "llama", "gpt2", "mistral", "mistral-sliding", "qwen2", "qwen3", "gemma2", "phi3")
+SLIDING_WINDOW = 4
 
 
 def tiny_config(model_type: str, num_layers: int = 6, vocab_size: int = 97) -> PretrainedConfig:
-    """A config of the given family with ``num_layers`` layers of width 32."""
+    """A config of the given architecture (see :data:`ARCHITECTURES`) with ``num_layers`` layers of width 32."""
     common = {"vocab_size": vocab_size, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
     llama_like = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=256, **common)
@@ -32,6 +35,7 @@ def tiny_config(model_type: str, num_layers: int = 6, vocab_size: int = 97) -> P
                                  max_position_embeddings=256, word_embed_proj_dim=32, **common),
         "llama": lambda: LlamaConfig(**llama_like),
         "mistral": lambda: MistralConfig(sliding_window=None, **llama_like),
+        "mistral-sliding": lambda: MistralConfig(sliding_window=SLIDING_WINDOW, **llama_like),
         "qwen2": lambda: Qwen2Config(**llama_like),
         "qwen3": lambda: Qwen3Config(head_dim=8, **llama_like),
         # alternating sliding (window 5, shorter than the tests' sequences) and global layers, both soft-cappings

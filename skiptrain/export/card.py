@@ -1,0 +1,62 @@
+"""The model card (``README.md``) of an export, filled from ``model_card.md`` beside this module."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from string import Template
+
+from skiptrain.core.speedup import cost_summary
+from skiptrain.export.format import CONFIG_FILE, CONFIG_KEY, CUSTOM_GENERATE_FILE, SCHEDULE_FILE, TRAINING_CONFIG_FILE
+from skiptrain.export.record import NOT_RECORDED, ExportRecord
+from skiptrain.text.prompt_format import PromptFormat
+
+TEMPLATE = Template(files("skiptrain.export").joinpath("model_card.md").read_text())
+
+
+def model_card(record: ExportRecord, adapter_only: bool = False) -> str:
+    """The export's ``README.md``: base model, task, schedule, costs, validation metrics and how to load it."""
+    schedule = record.schedule
+    rows = [f"| {name} | {value:.4g} |" for name, value in sorted(record.metrics.items())]
+    metrics = (
+        "\n".join(["| metric | value |", "|---|---|", *rows]) + f"\n\nSource: {record.metrics_source}."
+        if record.metrics
+        else f"Validation metrics: {NOT_RECORDED}."
+    )
+    weights = (
+        f"The peft LoRA adapter alone; apply it to `{record.base_model}` (the base model)."
+        if adapter_only
+        else "Merged weights (safetensors): a plain Hugging Face model."
+    )
+    trained = "fine-tuned with the schedule in its forward pass" if record.trained_with_schedule else (
+        "NOT fine-tuned with the schedule (the schedule was only attached)")
+    return TEMPLATE.substitute(
+        base_model=record.base_model,
+        task=record.task or NOT_RECORDED,
+        weights=weights,
+        family=schedule.family,
+        params=json.dumps(schedule.params),
+        trained=trained,
+        weights_from=record.checkpoint.describe() if record.checkpoint else NOT_RECORDED,
+        prompt_format=_describe_prompt_format(record.prompt_format),
+        cost=cost_summary(schedule, [schedule.span]),
+        producer=record.producer,
+        description=schedule.describe(),
+        picture=schedule.picture(4, max(schedule.span + 4, 8)),
+        metrics=metrics,
+        schedule_file=SCHEDULE_FILE,
+        config_key=CONFIG_KEY,
+        config_file=CONFIG_FILE,
+        custom_generate_file=CUSTOM_GENERATE_FILE,
+        training_config_file=TRAINING_CONFIG_FILE,
+    )
+
+
+def _describe_prompt_format(prompt_format: PromptFormat | None) -> str:
+    if prompt_format is None:
+        return f"{NOT_RECORDED} (prompts are used as given)"
+    chat = (" inside the tokenizer's chat template" + (" after a system message" if prompt_format.system_message
+                                                       else "")) if prompt_format.chat_template else ""
+    return (f"the template {json.dumps(prompt_format.template)}{chat}, fields {list(prompt_format.fields)}, at most "
+            f"{prompt_format.max_source_tokens} tokens (`prompt_format` in `{SCHEDULE_FILE}`); `skiptrain generate` "
+            "and the custom generate (`sources=`) apply it to bare sources")

@@ -1,0 +1,74 @@
+"""Load an export for skip-aware inference: verified first, then its weights, schedule and tokenizer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel
+from torch import nn
+
+from skiptrain.core.schedules import SkipSchedule
+from skiptrain.export.format import is_adapter_export
+from skiptrain.export.record import ExportRecord
+from skiptrain.export.verify import check_exported_adapter, verify_export
+from skiptrain.modeling.loading import load_causal_lm, prepare_tokenizer
+
+
+@dataclass(frozen=True)
+class ExportedModel:
+    """An export loaded for inference; unpacks as ``model, schedule, tokenizer``.
+
+    Args:
+        model: The causal LM in eval mode (adapters merged into the base for adapter-only exports).
+        tokenizer: The export's tokenizer, left-padding.
+        record: The export's record (schedule, ``base_model``, ``trained_with_schedule``, ...).
+        path: The export directory.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    record: ExportRecord
+    path: Path
+
+    @property
+    def schedule(self) -> SkipSchedule:
+        """The schedule from ``skip_schedule.json``, checked against the model's layer count."""
+        return self.record.schedule
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.model, self.schedule, self.tokenizer))
+
+
+def load_exported(
+    path: str | os.PathLike, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None
+) -> ExportedModel:
+    """Load an export for skip-aware inference.
+
+    The export is verified (:func:`verify_export`, as when it was written) before any weights are loaded.
+
+    Args:
+        path: The export directory (merged weights, or an adapter-only export whose base model is loadable).
+        attn_implementation: ``sdpa`` or ``eager``.
+        dtype: Weight dtype (default float32).
+
+    Raises:
+        ExportError: for any defect :func:`verify_export` refuses, or adapter tensors that do not fit the base.
+    """
+    from transformers import AutoTokenizer
+
+    directory = Path(path)
+    record = verify_export(directory)
+    if is_adapter_export(directory):
+        base = load_causal_lm(record.base_model, attn_implementation=attn_implementation, dtype=dtype)
+        adapted = PeftModel.from_pretrained(base, str(directory))
+        check_exported_adapter(directory, adapted)
+        model = adapted.merge_and_unload()
+    else:
+        model = load_causal_lm(str(directory), attn_implementation=attn_implementation, dtype=dtype)
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(str(directory)))
+    return ExportedModel(model.eval(), tokenizer, record, directory)

@@ -1,0 +1,109 @@
+"""Model sources: what a model name or path is, and how to load it, decided in one place.
+
+``model.model``, ``model.init_from`` and a distillation teacher each name a source of one of three kinds:
+
+- ``pretrained``: a hub id, a local Hugging Face directory, a ``.gguf`` file or a bundled short name
+  (:func:`~skiptrain.modeling.loading.resolve_model` says where ``from_pretrained`` looks);
+- ``export``: an export directory (``skiptrain export``), which brings its weights, schedule and tokenizer;
+- ``checkpoint``: a checkpoint of a fit run, a ``.ckpt`` file or a sharded DeepSpeed/FSDP directory.
+
+:func:`resolve_source` tells them apart; :func:`load_trained_model` loads the causal LM of an earlier run (an export
+or a checkpoint) as a plain transformers model, without building a LightningModule.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from torch import nn
+
+from skiptrain.core.schedules import SkipSchedule
+from skiptrain.export.format import is_export, read_skip_schedule
+from skiptrain.export.load import ExportedModel, load_exported
+from skiptrain.modeling.loading import load_causal_lm
+from skiptrain.training.checkpoints import (
+    CheckpointError,
+    checkpoint_layout,
+    checkpoint_metadata,
+    consolidate_checkpoint,
+)
+from skiptrain.training.lora import LoraSettings, with_adapters
+
+SourceKind = Literal["pretrained", "export", "checkpoint"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved model source: its name as given and its kind."""
+
+    name: str
+    kind: SourceKind
+
+    def schedule(self) -> SkipSchedule | None:
+        """The schedule an export brings (read from its ``skip_schedule.json``), or ``None`` for other kinds."""
+        return read_skip_schedule(self.name)[0] if self.kind == "export" else None
+
+    def load_export(self, attn_implementation: str = "sdpa") -> ExportedModel:
+        """The export, verified and loaded (:func:`~skiptrain.export.load.load_exported`)."""
+        return load_exported(self.name, attn_implementation=attn_implementation)
+
+
+def resolve_source(name: str | os.PathLike) -> Source:
+    """What ``name`` is: an export directory, a checkpoint of a fit run, or else a pretrained model.
+
+    Nothing is loaded; a pretrained name that cannot be found is refused when it is loaded, with its own message.
+    """
+    path = Path(name)
+    if is_export(path):
+        return Source(str(name), "export")
+    if path.is_file() and path.suffix.lower() != ".gguf":
+        return Source(str(name), "checkpoint")
+    if path.is_dir() and not (path / "config.json").is_file():
+        try:
+            checkpoint_layout(path)
+            return Source(str(name), "checkpoint")
+        except CheckpointError:
+            pass  # a directory from_pretrained may still read; its loader names what is missing
+    return Source(str(name), "pretrained")
+
+
+def load_trained_model(source: Source, attn_implementation: str = "sdpa") -> nn.Module:
+    """The causal LM of an earlier run (an export or a checkpoint), LoRA merged, on the CPU in float32.
+
+    A checkpoint's model is rebuilt from its stored hyper-parameters (``model`` and ``lora``) and given the
+    checkpoint's weights; the earlier run's own warm start and teacher do not matter, as its weights hold them.
+
+    Raises:
+        CheckpointError: for a pretrained source, or a checkpoint without skiptrain hyper-parameters.
+        ExportError: for an unusable export.
+    """
+    if source.kind == "export":
+        return source.load_export(attn_implementation).model  # merged weights, or the adapter merged on load
+    if source.kind != "checkpoint":
+        raise CheckpointError(f"{source.name!r} is neither a checkpoint of a fit run (a .ckpt file or a sharded "
+                              "DeepSpeed/FSDP directory) nor an export directory")
+    hparams = checkpoint_metadata(source.name).get("hyper_parameters") or {}
+    if "model" not in hparams or "schedule" not in hparams:
+        raise CheckpointError(f"checkpoint {source.name!r} has no SkipLM hyper-parameters (model, schedule)")
+    model = load_causal_lm(str(hparams["model"]), attn_implementation=attn_implementation)
+    lora = LoraSettings.from_hparams(hparams.get("lora"))
+    if lora is not None:
+        model = with_adapters(model, lora)
+    model.load_state_dict(consolidate_checkpoint(source.name, reference=model, prefix="model."))
+    return model.merge_and_unload() if lora is not None else model
+
+
+def load_run_weights(model: nn.Module, source: Source) -> None:
+    """Copy the weights of an earlier run (see :func:`load_trained_model`) into ``model``, which must match them.
+
+    Raises:
+        CheckpointError: when a tensor name or shape of the earlier run differs from ``model``'s.
+    """
+    trained = load_trained_model(source, attn_implementation=getattr(model.config, "_attn_implementation", "sdpa"))
+    try:
+        model.load_state_dict(trained.state_dict())
+    except RuntimeError as err:  # missing, unexpected or mis-shaped tensors, each named by torch
+        raise CheckpointError(f"init_from={source.name!r} does not fit the model: {err}") from err

@@ -1,0 +1,65 @@
+"""Model sources: one resolver tells pretrained models, exports and checkpoints apart, and SkipLM refuses an
+``init_from`` or teacher that is not an earlier run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from skiptrain import Dense
+from skiptrain.errors import UsageError
+from skiptrain.training.module import Distillation, SkipLM
+from skiptrain.training.sources import load_trained_model, resolve_source
+
+
+def test_each_kind_of_source_is_told_apart(tiny_model_dir, skip_export, tmp_path):
+    checkpoint = tmp_path / "run.ckpt"
+    torch.save({"state_dict": {}}, checkpoint)
+    deepspeed = tmp_path / "ds"
+    (deepspeed / "global_step1").mkdir(parents=True)
+    (deepspeed / "latest").write_text("global_step1")
+    fsdp = tmp_path / "fsdp"
+    fsdp.mkdir()
+    (fsdp / ".metadata").write_bytes(b"")
+    kinds = {
+        "facebook/opt-125m": "pretrained",  # a hub id: nothing is looked up
+        "smollm2-135m-instruct": "pretrained",
+        str(tmp_path / "model.gguf"): "pretrained",
+        tiny_model_dir("llama"): "pretrained",
+        str(skip_export("llama")): "export",
+        str(checkpoint): "checkpoint",
+        str(deepspeed): "checkpoint",
+        str(fsdp): "checkpoint",
+    }
+    assert {name: resolve_source(name).kind for name in kinds} == kinds
+
+
+def test_only_an_export_brings_a_schedule(tiny_model_dir, skip_export):
+    exported = resolve_source(skip_export("llama"))
+    assert exported.schedule() == exported.load_export().schedule
+    assert resolve_source(tiny_model_dir("llama")).schedule() is None
+
+
+def test_a_pretrained_model_is_no_earlier_run(tiny_model_dir):
+    with pytest.raises(Exception, match="neither a checkpoint of a fit run"):
+        load_trained_model(resolve_source(tiny_model_dir("llama")))
+
+
+@pytest.mark.parametrize("field", ["init_from", "teacher"])
+def test_init_from_and_teacher_must_be_earlier_runs(field, tiny_model_dir):
+    model_dir = tiny_model_dir("llama")  # exists, but is a pretrained model, not a checkpoint or an export
+    kwargs = {"init_from": model_dir} if field == "init_from" else {"distillation": Distillation(teacher=model_dir)}
+    with pytest.raises(UsageError, match="allowed the path of an existing checkpoint or export"):
+        SkipLM(model=model_dir, schedule=Dense(), **kwargs)
+
+
+def test_the_module_loads_an_export_whole(skip_export):
+    path = skip_export("llama", "ranked")
+    module = SkipLM(model=str(path))
+    assert module.check_model() is None  # an export is checked when it is loaded
+    record = module.load_weights()
+    assert module.schedule == record.schedule == resolve_source(path).schedule()
+    assert module.get_tokenizer() is module.tokenizer and module.model is not None
+    with module.scored_under(Dense().build(6)):
+        assert module.scored_schedule == Dense().build(6)
+    assert module.scored_schedule == module.schedule
