@@ -23,7 +23,7 @@ from transformers.pytorch_utils import Conv1D
 
 from skiptrain.errors import ModelError, UsageError
 
-SUPPORTED_ATTENTION = ("sdpa", "eager")
+SUPPORTED_ATTENTION = ("eager", "sdpa")
 MIXTURE_OF_EXPERTS = ("mixtral", "qwen2_moe", "qwen3_moe", "phimoe", "olmoe", "deepseek_v2", "deepseek_v3",
                       "dbrx", "granitemoe", "jamba", "gpt_oss", "llama4")
 """Mixture-of-experts architectures, refused by name: not supported yet."""
@@ -41,7 +41,8 @@ class Architecture:
             states; each tensor (or tuple of tensors) is indexed by column along dim 1.
         final: ``(decoder, hidden) -> hidden`` after the last layer, before the LM head.
         lora_targets: The default LoRA target modules: the attention projections.
-        attention: The attention implementations the architecture supports, preferred first.
+        attention: The attention implementations the architecture supports (the first is used when the requested
+            one is not among them).
     """
 
     decoder_path: str
