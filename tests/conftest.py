@@ -17,15 +17,16 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """``tiny_model_dir(family)``: a saved tiny random model of that family with the tiny tokenizer."""
+    """``tiny_model_dir(family)``: a saved tiny random model of that family with the tiny tokenizer (``width`` 32
+    unless given)."""
     made = {}
 
-    def make(family: str = "llama", num_layers: int = 4) -> str:
-        key = (family, num_layers)
+    def make(family: str = "llama", num_layers: int = 4, width: int = 32) -> str:
+        key = (family, num_layers, width)
         if key not in made:
-            path = tmp_path_factory.mktemp(f"{family}{num_layers}")
+            path = tmp_path_factory.mktemp(f"{family}{num_layers}w{width}")
             tokenizer = build_tiny_tokenizer(path)
-            model = tiny_model(family, num_layers, vocab_size=len(tokenizer))
+            model = tiny_model(family, num_layers, vocab_size=len(tokenizer), width=width)
             model.config.pad_token_id, model.config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
             model.config.bos_token_id = tokenizer.bos_token_id
             model.save_pretrained(path)

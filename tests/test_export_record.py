@@ -57,11 +57,11 @@ def test_record_round_trips_through_an_export(exports, kind):
     assert read_record(exports[kind]) == expected
     assert verify_export(exports[kind]) == expected
     assert load_exported(exports[kind]).record == expected
-    # the file is exactly the record's schedule_json (the format is the schedule's keys plus three run keys)
+    # the file is exactly the record's schedule_json (the format is the schedule's keys plus four run keys)
     text = (exports[kind] / SCHEDULE_FILE).read_text()
     assert text == written.schedule_json() + "\n"
     assert set(json.loads(text)) == set(exports["schedule"].to_dict()) | {"producer", "trained_with_schedule",
-                                                                          "base_model"}
+                                                                          "base_model", "base_quantization"}
     card = (exports[kind] / "README.md").read_text()
     assert "Task: builtin" in card and "| val/loss_skip | 1.5 |" in card and "Source: a test." in card
     assert f"over {exports['schedule'].span} generated tokens" in card

@@ -56,7 +56,7 @@ def test_init_from_and_teacher_must_be_earlier_runs(field, tiny_model_dir):
 def test_the_module_loads_an_export_whole(skip_export):
     path = skip_export("llama", "ranked")
     module = SkipLM(model=str(path))
-    assert module.check_model() is None  # an export is checked when it is loaded
+    assert module.check_model().num_hidden_layers == 6  # an export is verified before it loads: its config
     record = module.load_weights()
     assert module.schedule == record.schedule == resolve_source(path).schedule()
     assert module.get_tokenizer() is module.tokenizer and module.model is not None

@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import ModelSummary, RichModelSummary, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from skiptrain.callbacks.export import ExportCallback
 from skiptrain.cli.progress import ProgressBar
+from skiptrain.cli.quiet import silence_third_party_noise
+from skiptrain.cli.run_summary import RunSummary
 from skiptrain.cli.trainer import SkipTrainer
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import SkiptrainError, UsageError
@@ -104,10 +106,12 @@ class SkipCLI(LightningCLI):
             self.datamodule = None
 
     def instantiate_trainer(self, **kwargs: Any) -> SkipTrainer:
-        """As LightningCLI's, with Lightning's default rich progress bar replaced by :class:`ProgressBar` and a
+        """As LightningCLI's, with Lightning's default rich progress bar replaced by :class:`ProgressBar`, its model
+        summary table by :class:`~skiptrain.cli.run_summary.RunSummary`, and a
         :class:`~skiptrain.preemption.PreemptionCheckpoint` added."""
         trainer = super().instantiate_trainer(**kwargs)
-        trainer.callbacks = [ProgressBar() if type(c) is RichProgressBar else c for c in trainer.callbacks]
+        replaced = {RichProgressBar: ProgressBar, ModelSummary: RunSummary, RichModelSummary: RunSummary}
+        trainer.callbacks = [replaced[type(c)]() if type(c) in replaced else c for c in trainer.callbacks]
         if not any(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks):
             trainer.callbacks.append(PreemptionCheckpoint())
         return trainer
@@ -145,7 +149,7 @@ class SkipCLI(LightningCLI):
         A user error found later (e.g. in the data, which Lightning sets up after creating the run's log directory)
         removes the log directory this command created, while it holds nothing but the configuration.
         """
-        config = self.model.check_model()
+        config = self.model.check_model(self.trainer.strategy)
         if config is not None and self.datamodule is not None:
             self.datamodule.check_context(context_length(config))
         if subcommand == "fit":
@@ -212,6 +216,7 @@ def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
     """
     accept_schedule_families()
     release_process_group()
+    silence_third_party_noise()
     try:
         refuse_optimizer_options(sys.argv[1:] if args is None else args)
         return SkipCLI(

@@ -19,9 +19,11 @@ The model is given as usual by ``--model.model`` (or a recipe / a run's ``config
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.fabric.connector import _PRECISION_INPUT
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import PretrainedConfig
@@ -30,6 +32,7 @@ from skiptrain.core.output_dir import check_output_dir
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import UsageError
 from skiptrain.export.hub import check_can_push, push_export
+from skiptrain.export.record import ExportRecord
 from skiptrain.frontends.conformance import (
     DEFAULT_MARGIN,
     DEFAULT_TOP,
@@ -53,6 +56,7 @@ from skiptrain.frontends.inference import (
 )
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
+from skiptrain.modeling.precision import resolve_precision
 from skiptrain.text.prompt_format import PromptFormat
 from skiptrain.training.calibrate import Calibration, CalibrationRequest, calibrate, validation_batches
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
@@ -62,7 +66,23 @@ from skiptrain.training.runs import export_checkpoint, recorded_prompt_format
 
 
 class SkipTrainer(L.Trainer):
-    """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`."""
+    """The Lightning Trainer, with skiptrain's `export`, `generate`, `evaluate`, `calibrate` and `conformance`.
+
+    Args:
+        precision: As Lightning's, plus ``auto``: what the device runs natively (``bf16-mixed`` on CUDA with bf16
+            and on CPUs with AVX512-BF16 or AMX, ``16-mixed`` on older CUDA, else ``32-true``); see
+            docs/cli.md, "Precision".
+        kwargs: Lightning's ``Trainer`` arguments.
+    """
+
+    def __init__(self, *, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs: Any) -> None:
+        super().__init__(precision=resolve_precision(precision, kwargs.get("accelerator", "auto")), **kwargs)
+
+    def _load(self, model: SkipLM, ckpt_path: str | None, weights_only: bool | None) -> ExportRecord:
+        """Give ``model`` its weights (:meth:`~skiptrain.training.module.SkipLM.load_weights`) in the dtype this
+        trainer's precision implies (``model.dtype``); returns where they came from."""
+        model.trainer = self
+        return model.load_weights(ckpt_path, weights_only)
 
     def _place_for_inference(self, model: SkipLM) -> torch.device:
         """Move the loaded module to this trainer's device and precision, in eval mode; returns the device."""
@@ -105,6 +125,7 @@ class SkipTrainer(L.Trainer):
         """
         if push_to_hub is not None:
             check_can_push(push_to_hub)
+        model.trainer = self  # the weights load in the dtype its precision implies
         directory = export_checkpoint(model, output_dir, ckpt_path, datamodule, weights_only,
                                       adapter_only=adapter_only, overwrite=overwrite)
         if push_to_hub is not None:
@@ -157,7 +178,7 @@ class SkipTrainer(L.Trainer):
         prompt_format = _prompt_format(model, ckpt_path, weights_only, raw_prompts)
         prompt_list, prompt_format = fit_prompts(model.get_tokenizer(), read_prompts(prompts), context_length(config),
                                                  max_new_tokens, long_prompts, prompt_format)
-        model.load_weights(ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         tokenizer = model.get_tokenizer()
         device = self._place_for_inference(model)
         report = generate_report(
@@ -195,7 +216,7 @@ class SkipTrainer(L.Trainer):
 
         An export's recorded prompt format makes the test prompts unless ``data.prompt_template`` is given.
         """
-        recorded = model.load_weights(ckpt_path, weights_only).prompt_format
+        recorded = self._load(model, ckpt_path, weights_only).prompt_format
         if recorded is not None and datamodule.hparams.get("prompt_template") is None and \
                 not datamodule.hparams.get("chat_template"):
             datamodule.use_prompt_format(recorded)
@@ -248,7 +269,7 @@ class SkipTrainer(L.Trainer):
         request = CalibrationRequest.checked(_model_config(model).num_hidden_layers, targets, families, grid,
                                              per_target, tolerance, num_batches, generation_batches)
         batches = validation_batches(datamodule, request.num_batches)
-        model.load_weights(ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         batches = move_data_to_device(batches, self._place_for_inference(model))
         with self.precision_plugin.forward_context():
             result = calibrate(model, batches, targets=request.targets, families=request.families, grid=request.grid,
@@ -307,7 +328,7 @@ class SkipTrainer(L.Trainer):
         prompt_list = read_prompts(prompts)
         prompt_format = _prompt_format(model, ckpt_path, weights_only, raw_prompts)
         _model_config(model)
-        model.load_weights(ckpt_path, weights_only)
+        self._load(model, ckpt_path, weights_only)
         device = self._place_for_inference(model)
         written = write_vectors(
             model.model, model.get_tokenizer(), model.schedule, prompt_list, vectors, prompt_format=prompt_format,

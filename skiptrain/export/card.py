@@ -9,6 +9,7 @@ from string import Template
 from skiptrain.core.speedup import cost_summary
 from skiptrain.export.format import CONFIG_FILE, CONFIG_KEY, CUSTOM_GENERATE_FILE, SCHEDULE_FILE, TRAINING_CONFIG_FILE
 from skiptrain.export.record import NOT_RECORDED, ExportRecord
+from skiptrain.modeling.quantization import Quantization
 from skiptrain.text.prompt_format import PromptFormat
 
 TEMPLATE = Template(files("skiptrain.export").joinpath("model_card.md").read_text())
@@ -28,6 +29,8 @@ def model_card(record: ExportRecord, adapter_only: bool = False) -> str:
         if adapter_only
         else "Merged weights (safetensors): a plain Hugging Face model."
     )
+    if record.base_quantization is not None:
+        weights += f"\n- {_quantization_note(record, adapter_only)}"
     trained = "fine-tuned with the schedule in its forward pass" if record.trained_with_schedule else (
         "NOT fine-tuned with the schedule (the schedule was only attached)")
     return TEMPLATE.substitute(
@@ -60,3 +63,14 @@ def _describe_prompt_format(prompt_format: PromptFormat | None) -> str:
     return (f"the template {json.dumps(prompt_format.template)}{chat}, fields {list(prompt_format.fields)}, at most "
             f"{prompt_format.max_source_tokens} tokens (`prompt_format` in `{SCHEDULE_FILE}`); `skiptrain generate` "
             "and the custom generate (`sources=`) apply it to bare sources")
+
+
+def _quantization_note(record: ExportRecord, adapter_only: bool) -> str:
+    """The model card's line on a QLoRA run: what the adapter was trained on, and what the weights here are."""
+    quantization = Quantization(**record.base_quantization)
+    trained_on = f"QLoRA: the adapter was trained on the base quantized to {quantization.describe()} (bitsandbytes)"
+    if adapter_only:
+        return (f"{trained_on}; `load_exported` quantizes the base the same way and merges the adapter into its "
+                "dequantized weights")
+    return (f"{trained_on}; the merged weights are that base dequantized to float32 plus the adapter (no "
+            "re-quantization), so they compute what the trained model did")

@@ -16,7 +16,9 @@ from skiptrain.core.schedules import SkipSchedule
 from skiptrain.export.format import is_adapter_export
 from skiptrain.export.record import ExportRecord
 from skiptrain.export.verify import check_exported_adapter, verify_export
+from skiptrain.export.write import merged_model
 from skiptrain.modeling.loading import load_causal_lm, prepare_tokenizer
+from skiptrain.modeling.quantization import Quantization
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,12 @@ def load_exported(
     directory = Path(path)
     record = verify_export(directory)
     if is_adapter_export(directory):
-        base = load_causal_lm(record.base_model, attn_implementation=attn_implementation, dtype=dtype)
+        quantization = Quantization.from_hparams(record.base_quantization)
+        base = load_causal_lm(record.base_model, attn_implementation=attn_implementation, dtype=dtype,
+                              quantization_config=quantization and quantization.config())
         adapted = PeftModel.from_pretrained(base, str(directory))
         check_exported_adapter(directory, adapted)
-        model = adapted.merge_and_unload()
+        model = merged_model(adapted, in_place=True).to(dtype or torch.float32)
     else:
         model = load_causal_lm(str(directory), attn_implementation=attn_implementation, dtype=dtype)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(str(directory)))

@@ -5,8 +5,9 @@ One typed record is written by :func:`~skiptrain.export.write.write_export`, rea
 spread over the export's files, whose formats are the export contract:
 
 - ``skip_schedule.json``: the schedule (:meth:`~skiptrain.core.schedules.SkipSchedule.to_dict`) plus ``producer``,
-  ``trained_with_schedule``, ``base_model`` and, when known, ``checkpoint`` (:class:`ExportedCheckpoint`) and
-  ``prompt_format`` (:class:`~skiptrain.text.prompt_format.PromptFormat`) (:meth:`ExportRecord.schedule_json`);
+  ``trained_with_schedule``, ``base_model``, ``base_quantization`` and, when known, ``checkpoint``
+  (:class:`ExportedCheckpoint`) and ``prompt_format`` (:class:`~skiptrain.text.prompt_format.PromptFormat`)
+  (:meth:`ExportRecord.schedule_json`);
 - ``training_config.yaml``: :attr:`ExportRecord.training_config`;
 - ``README.md``: all of it, for people (task and validation metrics are written there only).
 """
@@ -89,6 +90,8 @@ class ExportRecord:
         schedule: The skip schedule; ``None`` until the record is attached to an export (``write_export`` sets
             it to the schedule it writes).
         producer: The skiptrain that wrote the export (``write_export`` sets it to this one).
+        base_quantization: For a QLoRA run, the ``model.quantization`` settings of the base the adapters were
+            trained on (``bits``, ``type``, ``double_quant``, ``compute_dtype``); ``None`` for a full-precision base.
         checkpoint: Which weights of the run were exported, when a fit run is known.
         prompt_format: How the run made prompts from sources, when it trained on prompt/target pairs: inference
             front-ends apply it to bare sources.
@@ -102,6 +105,7 @@ class ExportRecord:
     metrics_source: str = NOT_RECORDED
     schedule: SkipSchedule | None = None
     producer: str | None = field(default_factory=producer)
+    base_quantization: dict[str, Any] | None = None
     checkpoint: ExportedCheckpoint | None = None
     prompt_format: PromptFormat | None = None
 
@@ -114,7 +118,8 @@ class ExportRecord:
         if self.prompt_format is not None:
             extra["prompt_format"] = self.prompt_format.to_dict()
         return self.schedule.to_json(producer=self.producer, trained_with_schedule=self.trained_with_schedule,
-                                     base_model=self.base_model, **extra)
+                                     base_model=self.base_model, base_quantization=self.base_quantization,
+                                     **extra)
 
     @classmethod
     def from_schedule_file(
@@ -130,6 +135,7 @@ class ExportRecord:
             training_config=training_config,
             schedule=schedule,
             producer=data.get("producer"),
+            base_quantization=data.get("base_quantization"),
             checkpoint=ExportedCheckpoint.from_dict(data.get("checkpoint")),
             prompt_format=PromptFormat.from_dict(data["prompt_format"]) if data.get("prompt_format") else None,
         )

@@ -40,13 +40,21 @@ from skiptrain.export.format import (
 )
 from skiptrain.export.record import ExportRecord, producer
 from skiptrain.export.verify import check_exported_adapter, verify_export
+from skiptrain.modeling.quantization import is_quantized, merge_into_dequantized
 from skiptrain.text.prompt_format import PromptFormat
 
 
-def _merged_model(model: nn.Module, in_place: bool) -> nn.Module:
-    """The plain transformers model with any LoRA adapters merged (a copy unless ``in_place``)."""
+def merged_model(model: nn.Module, in_place: bool = False) -> nn.Module:
+    """The plain transformers model with any LoRA adapters merged (a copy unless ``in_place``).
+
+    A quantized (QLoRA) base is dequantized to float32 before the merge, always into a copy
+    (:func:`~skiptrain.modeling.quantization.merge_into_dequantized`): the merged weights compute what the trained
+    model did.
+    """
     if not isinstance(model, PeftModel):
         return model
+    if is_quantized(model):
+        return merge_into_dequantized(model)
     return (model if in_place else copy.deepcopy(model)).merge_and_unload()
 
 
@@ -57,7 +65,7 @@ def _write_weights(model: nn.Module, directory: Path, adapter_only: bool, in_pla
         model.save_pretrained(str(directory))
         check_exported_adapter(directory, model)
         return
-    _merged_model(model, in_place).save_pretrained(str(directory))
+    merged_model(model, in_place).save_pretrained(str(directory))
 
 
 def _write_record(directory: Path, record: ExportRecord, adapter_only: bool) -> None:

@@ -20,6 +20,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    BitsAndBytesConfig,
     GgufConfig,
     PretrainedConfig,
     PreTrainedModel,
@@ -129,10 +130,21 @@ def context_length(config: PretrainedConfig) -> int | None:
 
 
 def load_causal_lm(
-    name_or_path: str, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None
+    name_or_path: str,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype | None = None,
+    quantization_config: BitsAndBytesConfig | None = None,
 ) -> PreTrainedModel:
     """Load a causal LM with plain ``transformers`` (GGUF weights are de-quantised), with ``attn_implementation`` or,
     where its architecture lacks it, the one the architecture supports (:func:`attention_for`).
+
+    Args:
+        name_or_path: See :func:`resolve_model`.
+        attn_implementation: ``sdpa`` or ``eager``.
+        dtype: Weight dtype (default float32; with ``quantization_config``, that of the layers left unquantized).
+        quantization_config: Quantize the linear layers with bitsandbytes as they load (QLoRA). A GGUF file is
+            de-quantised first and its weights handed to ``from_pretrained`` again, since transformers loads a GGUF
+            file under no other quantization.
 
     Raises:
         ModelError: naming the model, for one that cannot be found, or missing, truncated or corrupt weights.
@@ -141,6 +153,8 @@ def load_causal_lm(
     kwargs = source.kwargs()
     if source.gguf_file is not None:
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
+    elif quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
     attention = attention_for(load_config(name_or_path).model_type, attn_implementation)
     if attention != attn_implementation:
         rank_zero_info(f"skiptrain: {name_or_path} uses attn_implementation={attention!r}: its architecture does not "
@@ -152,6 +166,11 @@ def load_causal_lm(
     if source.gguf_file is not None:
         model.hf_quantizer = None  # de-quantised: a plain model that saves and trains like any other
         model.is_quantized = False
+        if quantization_config is not None:
+            model = type(model).from_pretrained(
+                None, config=model.config, state_dict=model.state_dict(), quantization_config=quantization_config,
+                attn_implementation=attn_implementation, dtype=dtype or torch.float32,
+            )
     return model
 
 

@@ -14,11 +14,13 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from jsonargparse import set_parsing_settings
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from peft import PeftModel
+from peft import PeftModel, prepare_model_for_kbit_training
 from torchmetrics import MeanMetric
 from torchmetrics.text import ROUGEScore, SacreBLEUScore
 from transformers import (
+    BitsAndBytesConfig,
     PretrainedConfig,
     get_constant_schedule_with_warmup,
     get_cosine_schedule_with_warmup,
@@ -33,11 +35,20 @@ from skiptrain.export.verify import export_config
 from skiptrain.modeling.architectures import check_lora_targets, decoder_parts
 from skiptrain.modeling.generation import SamplingConfig, generate
 from skiptrain.modeling.loading import load_causal_lm, load_config, load_tokenizer
+from skiptrain.modeling.precision import WeightsDtype, weights_dtype
+from skiptrain.modeling.quantization import (
+    Quantization,
+    is_under,
+    quantized_weight_names,
+    require_bitsandbytes,
+    use_training_kernels,
+)
 from skiptrain.text.batch import IGNORE_INDEX
 from skiptrain.training.checkpoints import consolidate_checkpoint
 from skiptrain.training.lora import LoraSettings, with_adapters
 from skiptrain.training.losses import distillation_kl, target_cross_entropy, target_logits
 from skiptrain.training.sources import Source, load_run_weights, load_trained_model, resolve_source
+from skiptrain.training.strategies import check_quantization_strategy
 
 LR_SCHEDULES = {
     "cosine": get_cosine_schedule_with_warmup,
@@ -133,6 +144,8 @@ class SkipLM(L.LightningModule):
             ``Static``, ``Dense``); the layer count comes from the loaded model. There is no default: required, except
             when ``model`` is an export directory, whose ``skip_schedule.json`` is used.
         lora: LoRA settings; ``null`` fine-tunes every weight.
+        quantization: Store the frozen base weights in 4 or 8 bits with bitsandbytes and train LoRA adapters on
+            them (QLoRA; needs ``lora`` and ``pip install 'skiptrain[qlora]'``); ``null`` keeps them in full precision.
         distillation: Distillation from a teacher at full depth; ``null`` disables it.
         dense_loss_weight: Weight of a second cross entropy computed on the dense path (all layers) of the same
             weights, added to the scheduled one so that one model serves both depths; 0 disables it.
@@ -148,6 +161,9 @@ class SkipLM(L.LightningModule):
         activation_checkpointing: Recompute decoder layers in the backward pass (``use_reentrant=False``).
         attn_implementation: ``sdpa`` or ``eager``.
         generation: Generation metrics during validation/test.
+        dtype: The dtype weights load in: ``auto`` derives it from the trainer's precision (bf16 under
+            ``bf16-mixed`` with LoRA or ``bf16-true``, fp32 master weights for full fine-tuning under mixed precision
+            and for ``32-true``), or ``float32``, ``bfloat16``, ``float16``.
     """
 
     def __init__(
@@ -155,6 +171,7 @@ class SkipLM(L.LightningModule):
         model: str,
         schedule: ScheduleFamily | None = None,
         lora: LoraSettings | None = None,
+        quantization: Quantization | None = None,
         distillation: Distillation | None = None,
         dense_loss_weight: float = 0.0,
         curriculum: Curriculum | None = None,
@@ -167,6 +184,7 @@ class SkipLM(L.LightningModule):
         activation_checkpointing: bool = False,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         generation: GenerationSettings | None = None,
+        dtype: WeightsDtype = "auto",
     ) -> None:
         super().__init__()
         if schedule is not None and not isinstance(schedule, ScheduleFamily):
@@ -187,6 +205,12 @@ class SkipLM(L.LightningModule):
         if distillation is not None and distillation.teacher == "base" and lora is None:
             raise UsageError("distillation.teacher='base' needs lora: the base model with adapters disabled is the "
                              "teacher; use teacher 'dense' or a checkpoint path for full fine-tuning")
+        if quantization is not None:
+            if lora is None:
+                raise UsageError("model.quantization needs model.lora: quantized base weights are frozen, so only "
+                                 "LoRA adapters can train on them; set model.lora, or model.quantization: null for "
+                                 "full fine-tuning")
+            require_bitsandbytes()
         self.save_hyperparameters()
         self.model_name = model
         self.source = resolve_source(model)
@@ -194,6 +218,7 @@ class SkipLM(L.LightningModule):
         self._teacher_source = teacher_source
         self.schedule_family = schedule
         self.lora = lora
+        self.quantization = quantization
         self.distillation = distillation
         self.curriculum = curriculum
         self.generation = generation if generation is not None else GenerationSettings()
@@ -215,7 +240,10 @@ class SkipLM(L.LightningModule):
         return super().load_from_checkpoint(*args, **kwargs)
 
     def setup(self, stage: str) -> None:
-        """Create the generation metrics; ``auto`` asks the data module which its task uses."""
+        """Refuse a quantized base under a sharding strategy; create the generation metrics (``auto`` asks the data
+        module which its task uses)."""
+        if self.quantization is not None and self._trainer is not None:
+            check_quantization_strategy(self.trainer.strategy)
         metric = self.generation.metric
         if metric == "auto":
             datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -233,8 +261,9 @@ class SkipLM(L.LightningModule):
                              "schedule")
         return self.schedule_family
 
-    def check_model(self) -> PretrainedConfig | None:
-        """Refuse a model that cannot be found, or a schedule that does not fit it, from the model's config alone.
+    def check_model(self, strategy: Strategy | None = None) -> PretrainedConfig | None:
+        """Refuse a model that cannot be found, or a schedule that does not fit it, from the model's config alone;
+        and a quantized base under a ``strategy`` that shards parameters.
 
         No weights are read (a GGUF file's header is, once: the config is kept for later calls). The CLI calls it
         before a run directory or an output is written. An export directory is verified as when it is loaded
@@ -248,8 +277,11 @@ class SkipLM(L.LightningModule):
             ModelError: for a model that cannot be found or is not a causal LM.
             ExportError: for an export that cannot be used.
             ScheduleError: for schedule parameters the model's layer count does not allow.
-            UsageError: for a missing schedule, or LoRA targets that match no layer.
+            UsageError: for a missing schedule, LoRA targets that match no layer, or quantization under FSDP or
+                DeepSpeed.
         """
+        if self.quantization is not None and strategy is not None:
+            check_quantization_strategy(strategy)
         if self.model is not None:
             return None
         if self.source.kind == "export":
@@ -261,18 +293,30 @@ class SkipLM(L.LightningModule):
             check_lora_targets(self._model_config, self.lora.target_modules)
         return self._model_config
 
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype the model's weights load in: ``model.dtype``, or what the trainer's precision implies for what
+        is trained (fp32 when no trainer is attached)."""
+        precision = self._trainer.precision if self._trainer is not None else "32-true"
+        override = self.hparams.get("dtype", "auto")  # absent from checkpoints written before model.dtype
+        return weights_dtype(precision, trains_all_weights=self.lora is None, override=override)
+
     def configure_model(self) -> None:
         """Load the model here (not in ``__init__``) so sharded strategies can build it."""
         if self.model is not None:
             return
         family = self._schedule_family()
-        model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation).train()
+        model = load_causal_lm(self.model_name, attn_implementation=self.hparams.attn_implementation,
+                               dtype=self.weights_dtype(), quantization_config=self._quantization_config()).train()
         self.schedule = family.build(model.config.num_hidden_layers)
         if self._init_source is not None:
             load_run_weights(model, self._init_source)
         if self._teacher_source is not None:
             teacher = load_trained_model(self._teacher_source, self.hparams.attn_implementation)
             self._teacher = (teacher.eval().requires_grad_(False),)
+        if self.quantization is not None:
+            # Norms and embeddings in float32, base frozen; activation checkpointing is set below, as without it.
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+            use_training_kernels(model)
         if self.lora is not None:
             model = with_adapters(model, self.lora)
         if self.hparams.activation_checkpointing:
@@ -283,7 +327,8 @@ class SkipLM(L.LightningModule):
         self.model = model
         decoder_parts(model)  # fail early on an unsupported architecture or attention implementation
         rank_zero_info(
-            f"skiptrain: {self.model_name} ({self.schedule.num_layers} layers), schedule {self.schedule.family} "
+            f"skiptrain: {self.model_name} ({type(decoder_parts(model).model).__name__}, {self.schedule.num_layers} "
+            f"layers, {str(model.dtype).removeprefix('torch.')} weights), schedule {self.schedule.family} "
             f"{self.schedule.params}: {self.schedule.mean_layers_per_token():.2f} layers per generated token "
             f"over its span of {self.schedule.span} tokens, ideal decode speedup {self.schedule.ideal_speedup():.2f}x"
         )
@@ -311,7 +356,7 @@ class SkipLM(L.LightningModule):
                     f"model.model={self.model_name!r} is an export (it has its weights); ckpt_path={ckpt_path!r} "
                     "would replace them: give model.model the base model to use a checkpoint"
                 )
-            exported = self.source.load_export(self.hparams.attn_implementation)
+            exported = self.source.load_export(self.hparams.attn_implementation, self.weights_dtype())
             self.model, self.schedule, self.tokenizer = exported
             rank_zero_info(f"skiptrain: loaded the export {exported.path}; its skip_schedule.json is used "
                            f"(model.schedule and model.lora do not apply to an export)")
@@ -321,7 +366,42 @@ class SkipLM(L.LightningModule):
             self.load_state_dict(consolidate_checkpoint(ckpt_path, reference=self, weights_only=weights_only))
         else:
             rank_zero_warn(f"no ckpt_path: using the weights of {self.model_name!r} as loaded, not fine-tuned")
-        return ExportRecord(self.model_name, trained_with_schedule=bool(ckpt_path), schedule=self.schedule)
+        return ExportRecord(self.model_name, trained_with_schedule=bool(ckpt_path), schedule=self.schedule,
+                            base_quantization=self.quantization_settings())
+
+    def quantization_settings(self) -> dict[str, Any] | None:
+        """The QLoRA settings the adapters train on, for the run's record (``None``: a full-precision base)."""
+        return None if self.quantization is None else dataclasses.asdict(self.quantization)
+
+    def _quantization_config(self) -> BitsAndBytesConfig | None:
+        """bitsandbytes' load-time config, its ``auto`` compute dtype following the trainer's precision."""
+        if self.quantization is None:
+            return None
+        return self.quantization.config(self.trainer.precision if self._trainer is not None else None)
+
+    # -- state: a QLoRA checkpoint leaves the 4-bit base out -----------------------------------------------------
+    def _quantized_weights(self) -> tuple[str, ...]:
+        return quantized_weight_names(self) if self.quantization is not None and self.model is not None else ()
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """As torch's, without quantized base weights (QLoRA): frozen, they are quantized again from ``model``."""
+        state = super().state_dict(*args, **kwargs)
+        frozen = self._quantized_weights()
+        for key in [k for k in state if is_under(k, frozen)] if frozen else ():
+            del state[key]
+        return state
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """As torch's; quantized base weights, which :meth:`state_dict` leaves out, may be missing."""
+        frozen = self._quantized_weights()
+        if not frozen:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        result.missing_keys[:] = [k for k in result.missing_keys if not is_under(k, frozen)]
+        if strict and (result.missing_keys or result.unexpected_keys):
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}: missing keys "
+                               f"{result.missing_keys}, unexpected keys {result.unexpected_keys}")
+        return result
 
     def get_tokenizer(self):
         if self.tokenizer is None:

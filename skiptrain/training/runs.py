@@ -88,7 +88,8 @@ def fit_record(trainer: L.Trainer, module: SkipLM, best: tuple[str, ExportedChec
             those logged up to its step. Otherwise the weights are the last, with the last validation's metrics.
     """
     datamodule = getattr(trainer, "datamodule", None)
-    weights = ExportRecord(module.model_name, trained_with_schedule=trainer.global_step > 0, schedule=module.schedule)
+    weights = ExportRecord(module.model_name, trained_with_schedule=trainer.global_step > 0, schedule=module.schedule,
+                           base_quantization=module.quantization_settings())
     if best is None:
         checkpoint = ExportedCheckpoint("last", trainer.global_step)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(VALIDATION_PREFIX)}

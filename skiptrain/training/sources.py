@@ -18,12 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import torch
 from torch import nn
 
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.export.format import is_export, read_skip_schedule
 from skiptrain.export.load import ExportedModel, load_exported
+from skiptrain.export.write import merged_model
 from skiptrain.modeling.loading import load_causal_lm
+from skiptrain.modeling.quantization import Quantization, is_under, quantized_weight_names
 from skiptrain.training.checkpoints import (
     CheckpointError,
     checkpoint_layout,
@@ -46,9 +49,9 @@ class Source:
         """The schedule an export brings (read from its ``skip_schedule.json``), or ``None`` for other kinds."""
         return read_skip_schedule(self.name)[0] if self.kind == "export" else None
 
-    def load_export(self, attn_implementation: str = "sdpa") -> ExportedModel:
-        """The export, verified and loaded (:func:`~skiptrain.export.load.load_exported`)."""
-        return load_exported(self.name, attn_implementation=attn_implementation)
+    def load_export(self, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None) -> ExportedModel:
+        """The export, verified and loaded (:func:`~skiptrain.export.load.load_exported`) in ``dtype``."""
+        return load_exported(self.name, attn_implementation=attn_implementation, dtype=dtype)
 
 
 def resolve_source(name: str | os.PathLike) -> Source:
@@ -88,12 +91,28 @@ def load_trained_model(source: Source, attn_implementation: str = "sdpa") -> nn.
     hparams = checkpoint_metadata(source.name).get("hyper_parameters") or {}
     if "model" not in hparams or "schedule" not in hparams:
         raise CheckpointError(f"checkpoint {source.name!r} has no SkipLM hyper-parameters (model, schedule)")
-    model = load_causal_lm(str(hparams["model"]), attn_implementation=attn_implementation)
+    quantization = Quantization.from_hparams(hparams.get("quantization"))
+    model = load_causal_lm(str(hparams["model"]), attn_implementation=attn_implementation,
+                           quantization_config=quantization and quantization.config())
     lora = LoraSettings.from_hparams(hparams.get("lora"))
     if lora is not None:
         model = with_adapters(model, lora)
-    model.load_state_dict(consolidate_checkpoint(source.name, reference=model, prefix="model."))
-    return model.merge_and_unload() if lora is not None else model
+    if quantization is None:
+        model.load_state_dict(consolidate_checkpoint(source.name, reference=model, prefix="model."))
+    else:
+        _load_without_quantized_weights(model, consolidate_checkpoint(source.name, prefix="model."), source.name)
+    return merged_model(model, in_place=True)
+
+
+def _load_without_quantized_weights(model: nn.Module, state: dict, name: str) -> None:
+    """Load a QLoRA checkpoint's tensors into ``model``: all but its 4-bit base weights, which checkpoints leave out
+    (the base was quantized again, identically, as it loaded)."""
+    result = model.load_state_dict(state, strict=False)
+    frozen = quantized_weight_names(model)
+    missing = [k for k in result.missing_keys if not is_under(k, frozen)]
+    if missing or result.unexpected_keys:
+        raise CheckpointError(f"checkpoint {name!r} does not fit its model: missing {missing}, unexpected "
+                              f"{result.unexpected_keys}")
 
 
 def load_run_weights(model: nn.Module, source: Source) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch.plugins.precision import FSDPPrecision
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, Strategy
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -303,3 +303,17 @@ def _as_cpu_adam(optimizer: torch.optim.AdamW, scheduler_config: Any) -> torch.o
     if scheduler_config is not None:
         scheduler_config.scheduler.optimizer = cpu_adam  # LambdaLR reads and writes optimizer.param_groups
     return cpu_adam
+
+
+def check_quantization_strategy(strategy: Strategy) -> None:
+    """Refuse a strategy that shards or partitions parameters under ``model.quantization`` (QLoRA): skiptrain's 4-bit
+    base runs on a single device or under DDP.
+
+    Raises:
+        UsageError: for FSDP and DeepSpeed.
+    """
+    if isinstance(strategy, FSDPStrategy | DeepSpeedStrategy):
+        raise UsageError(f"model.quantization is not supported with trainer.strategy={type(strategy).__name__}: "
+                         "its 4-bit base weights are not sharded (FSDP) or partitioned (DeepSpeed) here; allowed a "
+                         "single device or ddp")
+

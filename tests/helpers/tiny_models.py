@@ -25,24 +25,26 @@ ARCHITECTURES = ("opt", "llama", "gpt2", "mistral", "mistral-sliding", "qwen2", 
 SLIDING_WINDOW = 4
 
 
-def tiny_config(model_type: str, num_layers: int = 6, vocab_size: int = 97) -> PretrainedConfig:
-    """A config of the given architecture (see :data:`ARCHITECTURES`) with ``num_layers`` layers of width 32."""
+def tiny_config(model_type: str, num_layers: int = 6, vocab_size: int = 97, width: int = 32) -> PretrainedConfig:
+    """A config of the given architecture (see :data:`ARCHITECTURES`) with ``num_layers`` layers of width ``width``
+    (MLPs twice as wide)."""
     common = {"vocab_size": vocab_size, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-    llama_like = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=256, **common)
+    llama_like = dict(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=num_layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **common)
     configs = {
-        "opt": lambda: OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=num_layers, num_attention_heads=4,
-                                 max_position_embeddings=256, word_embed_proj_dim=32, **common),
+        "opt": lambda: OPTConfig(hidden_size=width, ffn_dim=2 * width, num_hidden_layers=num_layers,
+                                 num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=width,
+                                 **common),
         "llama": lambda: LlamaConfig(**llama_like),
         "mistral": lambda: MistralConfig(sliding_window=None, **llama_like),
         "mistral-sliding": lambda: MistralConfig(sliding_window=SLIDING_WINDOW, **llama_like),
         "qwen2": lambda: Qwen2Config(**llama_like),
-        "qwen3": lambda: Qwen3Config(head_dim=8, **llama_like),
+        "qwen3": lambda: Qwen3Config(head_dim=width // 4, **llama_like),
         # alternating sliding (window 5, shorter than the tests' sequences) and global layers, both soft-cappings
-        "gemma2": lambda: Gemma2Config(head_dim=8, sliding_window=5, final_logit_softcapping=3.0,
+        "gemma2": lambda: Gemma2Config(head_dim=width // 4, sliding_window=5, final_logit_softcapping=3.0,
                                        attn_logit_softcapping=5.0, **llama_like),
         "phi3": lambda: Phi3Config(**llama_like),
-        "gpt2": lambda: GPT2Config(n_embd=32, n_layer=num_layers, n_head=4, n_positions=256, **common),
+        "gpt2": lambda: GPT2Config(n_embd=width, n_layer=num_layers, n_head=4, n_positions=256, **common),
     }
     return configs[model_type]()
 
