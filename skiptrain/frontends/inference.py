@@ -414,15 +414,16 @@ class GenerationReport:
 
 
 def dense_step_seconds(
-    model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, batch_size: int = 8,
+    model: nn.Module, tokenizer: Any, prompts: Sequence[Source], max_new_tokens: int, batch_size: int = 8,
     sampling: SamplingConfig | None = None, device: torch.device | str = "cpu",
-    context: Callable[[], AbstractContextManager] = nullcontext,
+    context: Callable[[], AbstractContextManager] = nullcontext, prompt_format: PromptFormat = RAW,
 ) -> float:
-    """Wall time of one full-depth decode step over the first batch of ``prompts`` (end-of-sequence ignored).
+    """Wall time of one full-depth decode step over the first batch of ``prompts`` (end-of-sequence ignored), their
+    prompts made by ``prompt_format``.
 
     Timed as speculative decoding without drafts, whose every verification is one full-depth column.
     """
-    batch = next(prompt_batches(tokenizer, prompts, batch_size))
+    batch = next(prompt_batches(tokenizer, prompts, batch_size, prompt_format))
     ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)
     with context():
         out = speculative_generate(model, ids, mask, Dense().build(decoder_parts(model).num_layers),
