@@ -4,6 +4,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest  # noqa: E402
@@ -13,6 +15,19 @@ from helpers.tiny_tokenizer import build_tiny_tokenizer  # noqa: E402
 from skiptrain.core.schedules import Hierarchical, Ranked, SkipDecode  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture
+def lightning_log(caplog: pytest.LogCaptureFixture, monkeypatch) -> Iterator[pytest.LogCaptureFixture]:
+    """Capture ``rank_zero_info`` messages once each: whether the lightning.pytorch logger propagates to the root
+    logger (where caplog listens) depends on what imported Lightning first, so its records go to caplog's handler
+    directly, with propagation off for the test."""
+    logger = logging.getLogger("lightning.pytorch")
+    monkeypatch.setattr(logger, "propagate", False)
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO)
+    yield caplog
+    logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import os
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
@@ -69,16 +67,6 @@ def tok():
 @pytest.fixture(scope="module")
 def bos_tok():
     return build_tiny_tokenizer(add_bos=True)
-
-
-@pytest.fixture
-def lightning_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """Capture rank_zero_info messages (the lightning.pytorch logger does not propagate to the root logger)."""
-    logger = logging.getLogger("lightning.pytorch")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO)
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 def _dm(tokenizer, **kwargs) -> SkipDataModule:

@@ -43,10 +43,11 @@ def device(monkeypatch):
     (False, False, None, "auto", "32-true"),  # any other CPU
     (False, False, None, "cpu", "32-true"),
 ])
-def test_auto_resolves_by_the_device_table(device, cuda, cuda_bf16, cpu_feature, accelerator, expected, caplog):
+def test_auto_resolves_by_the_device_table(device, cuda, cuda_bf16, cpu_feature, accelerator, expected,
+                                          lightning_log):
     device(cuda, cuda_bf16, cpu_feature)
     assert resolve_precision("auto", accelerator) == expected
-    (line,) = [r.getMessage() for r in caplog.records if "precision auto" in r.getMessage()]
+    (line,) = [r.getMessage() for r in lightning_log.records if "precision auto" in r.getMessage()]
     assert line.startswith(f"skiptrain: precision auto -> {expected}: ")
     assert ("CUDA device" in line) == (accelerator != "cpu" and cuda)
 

@@ -126,10 +126,12 @@ def test_the_export_is_the_dequantized_base_plus_adapters_and_decodes_as_generat
     assert record["base_quantization"] == {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": "float32"}
     assert "dequantized to float32 plus the adapter" in (run.export_dir / "README.md").read_text()
 
-    # skiptrain generate on the export == greedy decoding of the plain model from skip_schedule.json alone
+    # skiptrain generate on the export == greedy decoding of the plain model from skip_schedule.json alone (the
+    # prompts as given, not filled into the recorded training template)
     prompts, output = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     main(["generate", "--model.model", str(run.export_dir), "--prompts", str(prompts), "--max_new_tokens", "8",
+          "--raw_prompts", "true",
           "--batch_size", "3", "--trainer.accelerator", "cpu", "--trainer.logger", "false", "--output", str(output)])
     generated = [json.loads(line)["token_ids"] for line in output.read_text().splitlines()]
     schedule = SkipSchedule(record["num_layers"], tuple(record["prompt_layers"]),
