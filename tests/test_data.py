@@ -575,7 +575,7 @@ def test_builtin_datamodule(tok) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Real data in /work/shared/data (skipped when absent)
+# Real data in ../shared/data beside the checkout (skipped when absent)
 # ---------------------------------------------------------------------------------------------------------------
 
 
