@@ -123,6 +123,7 @@ class Case:
     says: str
     prepare: Callable[[Path, Inputs], None] | None = None
     found_by: tuple[str, ...] = ()  # the expensive steps that run before the input is found bad
+    needs: tuple[str, ...] = ()  # optional packages the refused option needs installed (skipped without them)
 
 
 def fit(*extra: str, schedule: tuple[str, ...] = ("--model.schedule", "SkipDecode", "--model.schedule.min_layers",
@@ -193,6 +194,11 @@ def without_tokenizer_files(export: Path) -> None:
         (export / name).unlink(missing_ok=True)
 
 
+LORA = ("--model.lora", "{r: 4, alpha: 8, dropout: 0}")
+QUANTIZATION = ("--model.quantization", "{bits: 4, type: nf4}")
+FSDP = json.dumps({"class_path": "skiptrain.training.strategies.SkipFSDPStrategy"})
+ZERO3 = json.dumps({"class_path": "skiptrain.training.strategies.SkipDeepSpeedStrategy", "init_args": {"stage": 3}})
+
 NO_VALID_GRID = "skipdecode: {min_layers: [3], max_layers: [2], decay_tokens: [4]}\n"
 
 
@@ -245,6 +251,7 @@ CASES = [
          "exceeds the model's context length of 256"),
     Case("unavailable_accelerator", fit("--trainer.accelerator", "cuda"), USAGE, "accelerator"),
     Case("precision", fit("--trainer.precision", "7"), USAGE, "precision"),
+    Case("model_dtype", fit("--model.dtype", "float8"), USAGE, "dtype"),
     Case("lora_rank_zero", fit("--model.lora", "{r: 0}"), USAGE, "lora.r=0"),
     Case("lora_dropout_one", fit("--model.lora", "{dropout: 1}"), USAGE, "lora.dropout=1"),
     Case("lora_target_unknown", fit("--model.lora", "{target_modules: [nonexistent_proj]}"), USAGE,
@@ -258,6 +265,17 @@ CASES = [
          "ckpt_path='last': no last.ckpt under trainer.default_root_dir="),
     Case("export_callback_target_not_empty", fit(f"--trainer.callbacks+={EXPORT_CALLBACK % '{tmp}/out'}"), USAGE,
          "exists and is not empty", write("out/keep.txt", "precious")),
+    # QLoRA (model.quantization)
+    Case("quantization_without_lora", fit(*QUANTIZATION), USAGE, "model.quantization needs model.lora"),
+    Case("quantization_type", fit(*LORA, "--model.quantization", "{bits: 4, type: int4}"), USAGE,
+         """Parser key "type": Expected a typing.Literal['nf4', 'fp4']. Got value: int4"""),
+    Case("quantization_bits", fit(*LORA, "--model.quantization", "{bits: 3}"), USAGE,
+         'Parser key "bits": Expected a typing.Literal[4, 8]. Got value: 3'),
+    Case("quantization_under_fsdp", fit(*LORA, *QUANTIZATION, "--trainer.strategy", FSDP), USAGE,
+         "model.quantization is not supported with trainer.strategy=SkipFSDPStrategy", needs=("bitsandbytes",)),
+    Case("quantization_under_zero3", fit(*LORA, *QUANTIZATION, "--trainer.strategy", ZERO3), USAGE,
+         "model.quantization is not supported with trainer.strategy=SkipDeepSpeedStrategy",
+         needs=("bitsandbytes", "deepspeed")),
     # Lightning's other subcommands and evaluate refuse as fit does
     Case("validate_schedule", ("validate", *fit(schedule=skipdecode(min_layers="5"))[1:]), USAGE, "min_layers=5"),
     Case("test_lora_rank", ("test", *fit("--model.lora", "{r: 0}")[1:]), USAGE, "lora.r=0"),
@@ -425,6 +443,8 @@ def test_every_subcommand_refuses_before_the_expensive_work():
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_a_bad_input_gets_one_line_the_exit_code_and_writes_nothing(case, inputs, tmp_path, capsys, monkeypatch):
+    for package in case.needs:
+        pytest.importorskip(package, reason=f"{case.name} is refused where {package} is installed")
     (tmp_path / "prompts.txt").write_text("Forecast:\n")  # what generate reads unless the case says otherwise
     if case.prepare is not None:
         case.prepare(tmp_path, inputs)
