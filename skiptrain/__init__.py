@@ -33,6 +33,8 @@ _LAZY: dict[str, str] = {
     "GenerationOutput": "skiptrain.modeling.generation",
     "SamplingConfig": "skiptrain.modeling.generation",
     "generate": "skiptrain.modeling.generation",
+    "SpeculativeOutput": "skiptrain.frontends.speculative",
+    "speculative_generate": "skiptrain.frontends.speculative",
     "ExportError": "skiptrain.export.format",
     "ExportedModel": "skiptrain.export.load",
     "load_exported": "skiptrain.export.load",
@@ -50,6 +52,7 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
     "ScheduleFamily",
     "SkipDecode",
     "SkipSchedule",
+    "SpeculativeOutput",
     "Static",
     "generate",
     "load_exported",
@@ -57,6 +60,7 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
     "skip_forward",
     "skip_hidden_states",
     "skipdecode_for_speedup",
+    "speculative_generate",
 ]
 
 if TYPE_CHECKING:
@@ -73,6 +77,7 @@ if TYPE_CHECKING:
     )
     from skiptrain.export.format import ExportError
     from skiptrain.export.load import ExportedModel, load_exported
+    from skiptrain.frontends.speculative import SpeculativeOutput, speculative_generate
     from skiptrain.modeling.forward import position_ids_from_mask, skip_forward, skip_hidden_states
     from skiptrain.modeling.generation import GenerationOutput, SamplingConfig, generate
 

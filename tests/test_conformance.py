@@ -20,12 +20,13 @@ NEW_TOKENS = 8
 CPU = ["--trainer.accelerator", "cpu", "--trainer.logger", "false"]
 
 
-def engine_outputs(model, vectors: dict, path) -> None:
-    """Decode every case's prompt ids alone (batch 1) and write the engine's JSON lines."""
+def engine_outputs(model, vectors: dict, path, **options) -> None:
+    """Decode every case's prompt ids alone (batch 1), with ``generate`` ``options``, and write the engine's JSON
+    lines."""
     lines = []
     for case in vectors["cases"]:
         ids = model.generate(input_ids=torch.tensor([case["prompt_token_ids"]]), do_sample=False,
-                             max_new_tokens=vectors["max_new_tokens"], eos_token_id=None)
+                             max_new_tokens=vectors["max_new_tokens"], eos_token_id=None, **options)
         lines.append(json.dumps({"id": case["id"], "token_ids": ids[0, len(case["prompt_token_ids"]):].tolist()}))
     path.write_text("\n".join(lines) + "\n")
 
@@ -56,6 +57,24 @@ def test_transformers_custom_generate_passes_and_dense_decoding_fails(skip_expor
     with pytest.raises(SystemExit, match=r"conformance FAIL: \d of 3 cases.*\nfirst divergence: case \d, generated "
                                          r"index \d: expected token \d+, got \d+"):
         main([*check, "--check", str(dense)])
+
+
+def test_lossless_vectors_pass_speculative_and_full_depth_decoding_and_fail_the_schedule(skip_export, tmp_path):
+    """Vectors for a speculative implementation: its output must be the full-depth output, whatever it drafts with."""
+    export = skip_export("llama")
+    vectors_file = tmp_path / "vectors.json"
+    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    main(["conformance", "--model.model", str(export), "--prompts", str(tmp_path / "prompts.txt"), "--vectors",
+          str(vectors_file), "--max_new_tokens", str(NEW_TOKENS), "--lossless", "true", *CPU])
+    vectors = read_vectors(vectors_file, read_skip_schedule(export)[0])
+    assert vectors["reference"] == "full_depth"
+    skip = AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True).eval()
+    for name, model, options in (("speculative", skip, {"speculative_tokens": 3}),
+                                 ("full depth", AutoModelForCausalLM.from_pretrained(export).eval(), {}),
+                                 ("schedule", skip, {})):
+        engine_outputs(model, vectors, tmp_path / "engine.jsonl", **options)
+        report = check_outputs(vectors, read_outputs(tmp_path / "engine.jsonl"))
+        assert report.passed is (name != "schedule"), (name, report.summary())
 
 
 def synthetic_vectors() -> dict:

@@ -5,6 +5,7 @@ pipeline, layers outside ``E(g)`` never called, and dense loading untouched."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import json
 import random
@@ -186,6 +187,44 @@ def test_plain_from_pretrained_still_loads_and_decodes_densely(export):
     assert torch.equal(out[:, batch["input_ids"].shape[1]:], dense.tokens)
 
 
+@pytest.mark.parametrize("family", HF_FAMILIES)
+@pytest.mark.parametrize("draft_tokens", [1, 3])
+def test_speculative_tokens_give_transformers_own_full_depth_greedy_output(export, family, draft_tokens):
+    path = export(family)
+    tokenizer = load_tokenizer(str(path))
+    batch = prompt_batch(tokenizer)
+    dense = AutoModelForCausalLM.from_pretrained(path).eval().generate(**batch, max_new_tokens=NEW_TOKENS,
+                                                                        do_sample=False)
+    model = hf_skip_model(path)
+    layer_calls = Counter()
+    for index, layer in enumerate(decoder_layers(model)):  # counted inside the gates: calls that run the layer
+        layer.forward = functools.partial(lambda *a, index, run, **k: layer_calls.update([index]) or run(*a, **k),
+                                          index=index, run=layer.forward)
+    out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False, speculative_tokens=draft_tokens)
+    assert torch.equal(out, dense)
+    assert layer_calls[1] < layer_calls[0], "the drafts skip the layers the schedule skips"
+    for layer in decoder_layers(model):
+        del layer.forward
+    torch.manual_seed(0)
+    sampled = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=True, top_k=5,
+                             speculative_tokens=draft_tokens)
+    assert sampled.shape[0] == out.shape[0] and torch.equal(sampled[:, :batch["input_ids"].shape[1]],
+                                                            batch["input_ids"])
+    assert not any("forward" in vars(layer) for layer in decoder_layers(model)), "the gates are removed"
+
+
+def test_the_speculative_mode_refuses_what_it_cannot_take(export):
+    path = export("llama")
+    model = hf_skip_model(path)
+    batch = prompt_batch(load_tokenizer(str(path)))
+    with pytest.raises(ValueError, match=r"speculative_tokens=-1 is invalid: allowed an integer >= 0"):
+        model.generate(**batch, max_new_tokens=3, speculative_tokens=-1)
+    with pytest.raises(ValueError, match=r"speculative_tokens=4 is invalid with max_new_tokens=3"):
+        model.generate(**batch, max_new_tokens=3, speculative_tokens=4)
+    with pytest.raises(ValueError, match=r"does not take \['num_beams'\]"):
+        model.generate(**batch, max_new_tokens=3, speculative_tokens=2, num_beams=2)
+
+
 def test_calls_it_cannot_apply_exactly_are_refused(export):
     """Refusals are ``ValueError`` s (the exported copy defines its own ``SkipScheduleError`` class)."""
     path = export("llama")
@@ -236,7 +275,7 @@ def test_the_export_ships_a_self_contained_copy(export):
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert "skiptrain" not in imported and imported <= {"__future__", "functools", "collections", "contextlib",
-                                                         "typing", "torch", "transformers"}
+                                                         "dataclasses", "typing", "torch", "transformers"}
     card = (export("llama") / "README.md").read_text()
     assert 'AutoModelForCausalLM.from_pretrained("path/to/this/export", trust_remote_code=True)' in card
     config = json.loads((export("llama") / "config.json").read_text())

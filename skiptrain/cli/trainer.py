@@ -29,8 +29,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from transformers import PretrainedConfig
 
 from skiptrain.core.output_dir import check_output_dir
+from skiptrain.core.schedules import read_schedule_file
 from skiptrain.data.datamodule import SkipDataModule
-from skiptrain.errors import UsageError
+from skiptrain.errors import InputError, UsageError
 from skiptrain.frontends.conformance import (
     DEFAULT_MARGIN,
     DEFAULT_TOP,
@@ -51,6 +52,7 @@ from skiptrain.frontends.inference import (
     read_prompts,
     write_completions,
 )
+from skiptrain.frontends.speculative import check_draft_tokens
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
 from skiptrain.modeling.precision import resolve_precision
@@ -132,6 +134,8 @@ class SkipTrainer(L.Trainer):
         dense: bool = False,
         compare_dense: bool = False,
         long_prompts: LongPrompts = "refuse",
+        speculative: int = 0,
+        draft_schedule: str | None = None,
     ) -> GenerationReport:
         """Generate completions of prompts with batched, KV-cached skip-aware decoding (JSON lines out).
 
@@ -151,19 +155,28 @@ class SkipTrainer(L.Trainer):
             compare_dense: Also decode the same prompts densely and report the measured speedup.
             long_prompts: A prompt that leaves no room for ``max_new_tokens`` in the model's context length is
                 refused (``refuse``) or cut to its last tokens that fit, with a warning (``truncate``).
+            speculative: K >= 1 decodes losslessly: the output is exactly full-depth decoding's, K tokens drafted
+                under the schedule per full-depth verification (0, the default, decodes under the schedule).
+            draft_schedule: With ``speculative``, draft under this schedule instead of the model's own: a
+                ``skip_schedule.json`` or a schedule YAML (``class_path``/``init_args``, or a recipe fragment).
         """
         max_new_tokens = _max_new_tokens(model, max_new_tokens)
+        _check_speculation(speculative, max_new_tokens, draft_schedule, dense)
         check_batch_size(batch_size)
         config = _model_config(model)
+        draft = None if draft_schedule is None else \
+            read_schedule_file(draft_schedule, config.num_hidden_layers, "draft_schedule")  # before the weights load
         prompt_texts = fit_prompts(model.get_tokenizer(), read_prompts(prompts), context_length(config),
                                    max_new_tokens, long_prompts)
         self._load(model, ckpt_path, weights_only)
         tokenizer = model.get_tokenizer()
+        draft = draft or model.schedule
         device = self._place_for_inference(model)
         report = generate_report(
-            model.model, tokenizer, model.schedule, prompt_texts, dense=dense, compare_dense=compare_dense,
-            max_new_tokens=max_new_tokens, batch_size=batch_size, sampling=sampling or model.generation.sampling,
-            device=device, context=self.precision_plugin.forward_context,
+            model.model, tokenizer, draft, prompt_texts, dense=dense, compare_dense=compare_dense,
+            speculative=speculative, max_new_tokens=max_new_tokens, batch_size=batch_size,
+            sampling=sampling or model.generation.sampling, device=device,
+            context=self.precision_plugin.forward_context,
         )
         write_completions(report.completions, output)
         rank_zero_info(report.summary())  # stderr: stdout may carry the JSON lines
@@ -266,6 +279,7 @@ class SkipTrainer(L.Trainer):
         batch_size: int = 8,
         top: int = DEFAULT_TOP,
         margin: float | None = None,
+        lossless: bool = False,
     ) -> ConformanceReport | None:
         """Write conformance test vectors for other inference engines, or check an engine's outputs against them.
 
@@ -286,6 +300,8 @@ class SkipTrainer(L.Trainer):
             top: Top logits recorded per step.
             margin: Logit gap that counts as a tie: when writing, the default stored in the vectors
                 (default 1e-3); when checking, overrides it.
+            lossless: Write vectors for a speculative implementation that drafts under the schedule: the reference
+                decodes at full depth, whose output such an implementation must equal.
         """
         if check is not None:
             report = check_outputs(read_vectors(vectors, model.source.schedule()), read_outputs(check), margin)
@@ -304,11 +320,25 @@ class SkipTrainer(L.Trainer):
             model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,
             max_new_tokens=max_new_tokens, batch_size=batch_size, top=top,
             margin=DEFAULT_MARGIN if margin is None else margin, device=device,
-            context=self.precision_plugin.forward_context,
+            context=self.precision_plugin.forward_context, lossless=lossless,
         )
         rank_zero_info(f"skiptrain conformance: wrote {len(written['cases'])} cases of {written['max_new_tokens']} "
                        f"greedy tokens to {vectors}")
         return None
+
+
+def _check_speculation(speculative: int, max_new_tokens: int, draft_schedule: str | None, dense: bool) -> None:
+    """Refuse ``generate`` options that lossless speculative decoding cannot take, before any work."""
+    check_draft_tokens(speculative, max_new_tokens)
+    if speculative and dense:
+        raise UsageError(f"dense=true is invalid with speculative={speculative}: speculative output is already the "
+                         "full-depth output; allowed one of them")
+    if draft_schedule is not None and not speculative:
+        raise UsageError(f"draft_schedule={draft_schedule!r} is invalid without speculative: allowed with "
+                         "--speculative K >= 1")
+    if draft_schedule is not None and not Path(draft_schedule).is_file():
+        raise InputError(f"draft_schedule={draft_schedule!r}: no such file; give a skip_schedule.json or a schedule "
+                         "YAML (class_path/init_args)")
 
 
 def _max_new_tokens(model: SkipLM, given: int | None) -> int:

@@ -18,9 +18,10 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from skiptrain.errors import UsageError
+from skiptrain.errors import InputError, UsageError
 
 FORMAT = "skiptrain.skip_schedule"
 SCHEMA_VERSION = 1
@@ -473,6 +474,43 @@ def anneal_from_dense(target: SkipSchedule, progress: float) -> SkipSchedule:
     sets = tuple(tuple(sorted(set(anneal(s)) & set(prompt))) for s in table)
     return SkipSchedule(n, prompt, sets, family="explicit",
                         params={"anneal_from_dense": {"target": target.family, "progress": progress}})
+
+
+def read_schedule_file(path: str, num_layers: int, option: str = "schedule") -> SkipSchedule:
+    """A schedule for a model of ``num_layers`` layers from a file, validated for it.
+
+    ``.json``: a ``skip_schedule.json`` (an export's). ``.yaml``/``.yml``: a schedule family as recipes write it,
+    ``{class_path: skiptrain.Ranked, init_args: {...}}``, alone or under ``model.schedule`` (a recipe fragment).
+
+    Raises:
+        InputError: for a missing or unreadable file.
+        ScheduleError: naming ``option`` and the file, for content that is not a valid schedule for the model.
+    """
+    import yaml  # only this reader needs it
+
+    origin = f"{option}={path!r}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{origin} cannot be read ({err.__class__.__name__}): give a skip_schedule.json or a schedule "
+                         "YAML (class_path/init_args)") from err
+    try:
+        if Path(path).suffix.lower() == ".json":
+            schedule = SkipSchedule.from_json(text)
+        else:
+            spec = yaml.safe_load(text)
+            spec = spec.get("model", {}).get("schedule", spec) if isinstance(spec, dict) else spec
+            names = {family.__name__: family for family in FAMILIES.values()}
+            name = str(spec.get("class_path", "")).rsplit(".", 1)[-1] if isinstance(spec, dict) else ""
+            _require(name in names, "class_path", spec.get("class_path") if isinstance(spec, dict) else spec,
+                     f"one of {sorted(names)} (skiptrain.Ranked, ...)")
+            schedule = names[name](**(spec.get("init_args") or {})).build(num_layers)
+        schedule.check_num_layers(num_layers)
+    except yaml.YAMLError as err:
+        raise ScheduleError(f"{origin} is not valid YAML: {' '.join(str(err).split())}") from err
+    except (ScheduleError, TypeError) as err:
+        raise ScheduleError(f"{origin}: {err}") from err
+    return schedule
 
 
 def _trim_constant_tail(items: list) -> list:

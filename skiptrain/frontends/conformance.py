@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from skiptrain.core.schedules import SkipSchedule
+from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.errors import InputError, UsageError
 from skiptrain.export.format import SCHEDULE_FILE
 from skiptrain.export.record import producer
@@ -62,20 +62,26 @@ def write_vectors(
     margin: float = DEFAULT_MARGIN,
     device: torch.device | str = "cpu",
     context: Callable[[], AbstractContextManager] = nullcontext,
+    lossless: bool = False,
 ) -> dict[str, Any]:
     """Decode ``prompts`` with the reference decoder and write the test vectors to ``path`` (one JSON object).
 
+    With ``lossless``, the reference decodes at full depth: vectors for a speculative implementation that drafts
+    under ``schedule``, whose output must be the full-depth output.
+
     Returns:
         The written object: ``format``, ``version``, ``producer``, ``skip_schedule`` (the schedule's layer lists),
-        ``max_new_tokens``, ``margin``, and ``cases``, each with ``id``, ``prompt``, ``prompt_token_ids``,
-        ``token_ids`` and ``top_logits`` (per step, ``top`` pairs ``[token_id, logit]``, best first).
+        ``reference`` (``"schedule"``, or ``"full_depth"`` with ``lossless``), ``max_new_tokens``, ``margin``, and
+        ``cases``, each with ``id``, ``prompt``, ``prompt_token_ids``, ``token_ids`` and ``top_logits`` (per step,
+        ``top`` pairs ``[token_id, logit]``, best first).
     """
     check_vector_options(top, margin)
     cases: list[dict[str, Any]] = []
+    reference = Dense().build(schedule.num_layers) if lossless else schedule
     for batch in prompt_batches(tokenizer, prompts, batch_size):
         ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)
         with context():
-            out = generate(model, ids, mask, schedule, max_new_tokens=max_new_tokens,
+            out = generate(model, ids, mask, reference, max_new_tokens=max_new_tokens,
                            pad_token_id=tokenizer.pad_token_id, return_logits=True)
         best = out.logits.float().topk(min(top, out.logits.shape[-1]), dim=-1)  # [B, G, top]
         for row in range(ids.shape[0]):
@@ -90,7 +96,8 @@ def write_vectors(
                                                          strict=True)],
             })
     vectors = {"format": FORMAT, "version": VERSION, "producer": producer(), "skip_schedule": schedule.to_dict(),
-               "max_new_tokens": max_new_tokens, "margin": margin, "cases": cases}
+               "reference": "full_depth" if lossless else "schedule", "max_new_tokens": max_new_tokens,
+               "margin": margin, "cases": cases}
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f".{target.name}.tmp")

@@ -28,6 +28,8 @@ from torch import nn
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.core.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
 from skiptrain.errors import PromptError, UsageError
+from skiptrain.export.custom_generate import SpeculationStats, speedup_bound
+from skiptrain.frontends.speculative import StepSeconds, speculative_generate
 from skiptrain.modeling.architectures import decoder_parts
 from skiptrain.modeling.generation import SamplingConfig, generate
 from skiptrain.text.batch import collate_prompts
@@ -35,6 +37,8 @@ from skiptrain.text.encoding import tokenize_prompts
 
 STDIO = "-"
 WARM_UP_TOKENS = 2
+DENSE_STEP_TOKENS = 16
+"""Full-depth steps timed to measure a draft step's relative cost (``--speculative``)."""
 
 
 # -- prompts ---------------------------------------------------------------------------------------------------------
@@ -162,14 +166,18 @@ class DecodeStats:
     """Cost of decoding a set of prompts under one schedule.
 
     Args:
-        schedule: The schedule the prompts were decoded with.
+        schedule: The schedule the prompts were decoded with (the draft schedule of speculative decoding).
         lengths: Tokens generated per prompt.
         seconds: Wall time of the decoding calls.
+        speculation: With speculative decoding, what was drafted and accepted over all batches.
+        step_seconds: With speculative decoding, the wall time per kind of forward call.
     """
 
     schedule: SkipSchedule
     lengths: tuple[int, ...]
     seconds: float
+    speculation: SpeculationStats | None = None
+    step_seconds: StepSeconds | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -202,6 +210,7 @@ def complete(
     device: torch.device | str = "cpu",
     context: Callable[[], AbstractContextManager] = nullcontext,
     stop_at_eos: bool = True,
+    speculative: int = 0,
 ) -> tuple[list[Completion], DecodeStats]:
     """Generate completions of ``prompts`` in batches of ``batch_size`` with the skip-aware front-end.
 
@@ -213,21 +222,27 @@ def complete(
         The completions in prompt order, and the decoding cost (wall time of the decoding calls only).
     """
     completions: list[Completion] = []
-    seconds = 0.0
+    seconds, speculation, step_seconds = 0.0, SpeculationStats(), StepSeconds()
     for batch in prompt_batches(tokenizer, prompts, batch_size):
+        ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)
+        settings = dict(max_new_tokens=max_new_tokens, sampling=sampling, pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id if stop_at_eos else None)
         started = time.perf_counter()
         with context():
-            out = generate(model, batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device),
-                           schedule, max_new_tokens=max_new_tokens, sampling=sampling,
-                           eos_token_id=tokenizer.eos_token_id if stop_at_eos else None,
-                           pad_token_id=tokenizer.pad_token_id)
+            if speculative:
+                out = speculative_generate(model, ids, mask, schedule, draft_tokens=speculative, **settings)
+                speculation, step_seconds = speculation.add(out.stats), step_seconds.add(out.seconds)
+            else:
+                out = generate(model, ids, mask, schedule, **settings)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
         seconds += time.perf_counter() - started
         rows = zip(out.tokens.tolist(), out.lengths.tolist(), out.texts(tokenizer), strict=True)
         for row, n, text in rows:
             completions.append(Completion(prompts[len(completions)], text, n, row[:n]))  # batches keep order
-    return completions, DecodeStats(schedule, tuple(c.num_tokens for c in completions), seconds)
+    stats = DecodeStats(schedule, tuple(c.num_tokens for c in completions), seconds,
+                        *((speculation, step_seconds) if speculative else ()))
+    return completions, stats
 
 
 # -- the speed comparison --------------------------------------------------------------------------------------------
@@ -289,25 +304,99 @@ def compare_speed(
 
 
 @dataclass(frozen=True)
+class SpeculationReport:
+    """What lossless speculative decoding accepted and cost, against full-depth decoding.
+
+    Args:
+        draft_tokens: K, draft tokens per verification.
+        stats: The speculative decode (its :attr:`DecodeStats.speculation` and step times set).
+        dense_step_seconds: Wall time of one full-depth decode step at the same batch size.
+        dense: Full-depth decoding of the same prompts, the same output (with ``--compare_dense``).
+    """
+
+    draft_tokens: int
+    stats: DecodeStats
+    dense_step_seconds: float
+    dense: DecodeStats | None = None
+
+    @property
+    def acceptance(self) -> float:
+        return self.stats.speculation.acceptance_rate
+
+    @property
+    def draft_cost(self) -> float:
+        """``c``: a draft step's wall time over a full-depth step's."""
+        steps = self.stats.speculation.draft_steps
+        return self.stats.step_seconds.draft / steps / self.dense_step_seconds if steps else 0.0
+
+    @property
+    def verify_cost(self) -> float:
+        """A verification's wall time (K + 1 columns at full depth) over a one-column full-depth step's."""
+        return self.stats.step_seconds.verify / self.stats.speculation.verifications / self.dense_step_seconds
+
+    @property
+    def bound(self) -> float:
+        """The speedup the measured acceptance and draft cost allow (:func:`speedup_bound`)."""
+        return speedup_bound(self.acceptance, self.draft_tokens, self.draft_cost)
+
+    @property
+    def measured_speedup(self) -> float | None:
+        """Full-depth wall time over speculative wall time, the same tokens (with ``--compare_dense``)."""
+        return None if self.dense is None else self.dense.seconds / self.stats.seconds
+
+    def summary(self) -> str:
+        speculation = self.stats.speculation
+        line = (f"lossless speculative decoding, {self.draft_tokens} draft tokens per verification: acceptance "
+                f"{self.acceptance:.2f} ({speculation.accepted} of {speculation.judged} judged drafts), "
+                f"{speculation.tokens_per_verification:.2f} tokens per verification, draft step "
+                f"{self.draft_cost:.2f} of a full-depth step (verification {self.verify_cost:.2f}); bound "
+                f"(1 - a^(K+1)) / ((1 - a)(K c + 1)) = {self.bound:.2f}x")
+        if self.dense is not None:
+            line += (f"; same output at full depth {self.dense.tokens_per_s:.1f} tokens/s: measured speedup "
+                     f"{self.measured_speedup:.2f}x, {self.measured_speedup / self.bound:.0%} of the bound")
+        return line
+
+
+@dataclass(frozen=True)
 class GenerationReport:
     """What ``skiptrain generate`` produced and measured."""
 
     completions: list[Completion]
     schedule: SkipSchedule
-    """The schedule the completions were decoded with (dense with ``--dense``)."""
+    """The schedule the completions were decoded with (dense with ``--dense``; the draft's with ``--speculative``)."""
     stats: DecodeStats
     comparison: SpeedComparison | None = None
-    """Equal-work timing under the schedule and dense (with ``--compare_dense``)."""
+    """Equal-work timing under the schedule and dense (with ``--compare_dense``, without ``--speculative``)."""
+    speculation: SpeculationReport | None = None
+    """Acceptance and cost of lossless speculative decoding (with ``--speculative``)."""
 
     def summary(self) -> str:
+        cost = ("full-depth output, every token at " + f"{self.schedule.num_layers} decoder layers"
+                if self.speculation is not None else cost_summary(self.schedule, self.stats.lengths))
         lines = [
             f"skiptrain generate: {len(self.completions)} prompts, {self.stats.num_tokens} tokens in "
             f"{self.stats.seconds:.2f} s ({self.stats.tokens_per_s:.1f} tokens/s), schedule {self.schedule.family}: "
-            + cost_summary(self.schedule, self.stats.lengths)
+            + cost
         ]
-        if self.comparison is not None:
-            lines.append(self.comparison.summary())
+        lines += [part.summary() for part in (self.comparison, self.speculation) if part is not None]
         return "\n".join(lines)
+
+
+def dense_step_seconds(
+    model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, batch_size: int = 8,
+    sampling: SamplingConfig | None = None, device: torch.device | str = "cpu",
+    context: Callable[[], AbstractContextManager] = nullcontext,
+) -> float:
+    """Wall time of one full-depth decode step over the first batch of ``prompts`` (end-of-sequence ignored).
+
+    Timed as speculative decoding without drafts, whose every verification is one full-depth column.
+    """
+    batch = next(prompt_batches(tokenizer, prompts, batch_size))
+    ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)
+    with context():
+        out = speculative_generate(model, ids, mask, Dense().build(decoder_parts(model).num_layers),
+                                   max(max_new_tokens, 2), 0, sampling=sampling, pad_token_id=tokenizer.pad_token_id)
+    return out.seconds.verify / out.stats.verifications
 
 
 def generate_report(
@@ -319,6 +408,7 @@ def generate_report(
     max_new_tokens: int,
     dense: bool = False,
     compare_dense: bool = False,
+    speculative: int = 0,
     **settings: Any,
 ) -> GenerationReport:
     """Complete ``prompts`` under ``schedule`` (every layer with ``dense``), after a short warm-up decode.
@@ -326,19 +416,28 @@ def generate_report(
     Args:
         model: The causal LM, on its device.
         tokenizer: Its tokenizer (left-padding).
-        schedule: The skip schedule.
+        schedule: The skip schedule (with ``speculative``, the draft schedule).
         prompts: Raw prompts.
         max_new_tokens: Tokens generated per prompt at most.
         dense: Decode with every layer, ignoring the schedule.
-        compare_dense: Also time the prompts under the schedule and densely at equal work (:func:`compare_speed`).
+        compare_dense: Also time the prompts under the schedule and densely at equal work (:func:`compare_speed`);
+            with ``speculative``, decode them at full depth, the same output, and report the measured speedup.
+        speculative: K >= 1: the full-depth output, K tokens drafted under ``schedule`` per verification, with
+            what was accepted and what it cost (:class:`SpeculationReport`); 0: off.
         settings: ``batch_size``, ``sampling``, ``device``, ``context`` of :func:`complete`.
     """
     used = Dense().build(schedule.num_layers) if dense else schedule
-    complete(model, tokenizer, used, prompts[:1], WARM_UP_TOKENS, **settings)
-    completions, stats = complete(model, tokenizer, used, prompts, max_new_tokens, **settings)
-    comparison = compare_speed(model, tokenizer, schedule, prompts, max_new_tokens, **settings) if compare_dense \
-        else None
-    return GenerationReport(completions, used, stats, comparison)
+    complete(model, tokenizer, used, prompts[:1], WARM_UP_TOKENS, speculative=min(speculative, 1), **settings)
+    completions, stats = complete(model, tokenizer, used, prompts, max_new_tokens, speculative=speculative, **settings)
+    if not speculative:
+        comparison = compare_speed(model, tokenizer, schedule, prompts, max_new_tokens, **settings) \
+            if compare_dense else None
+        return GenerationReport(completions, used, stats, comparison)
+    full_depth = complete(model, tokenizer, Dense().build(schedule.num_layers), prompts, max_new_tokens,
+                          **settings)[1] if compare_dense else None
+    step = dense_step_seconds(model, tokenizer, prompts, min(max_new_tokens, DENSE_STEP_TOKENS), **settings)
+    return GenerationReport(completions, used, stats, speculation=SpeculationReport(speculative, stats, step,
+                                                                                     full_depth))
 
 
 def write_completions(completions: Sequence[Completion], path: str, stdout: TextIO | None = None) -> None:
@@ -357,10 +456,12 @@ __all__ = [
     "Completion",
     "DecodeStats",
     "GenerationReport",
+    "SpeculationReport",
     "SpeedComparison",
     "check_batch_size",
     "compare_speed",
     "complete",
+    "dense_step_seconds",
     "fit_prompts",
     "generate_report",
     "parameter_counts",

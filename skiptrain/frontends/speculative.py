@@ -1,0 +1,171 @@
+"""Lossless self-speculative decoding: full-depth output, drafted under a skip schedule.
+
+:func:`speculative_generate` takes what :func:`~skiptrain.modeling.generation.generate` takes plus ``draft_tokens``
+(K) and a ``draft`` schedule (default: the model's own). Its tokens are exactly full-depth decoding's: K tokens are
+drafted one column at a time through the batched KV-cached skip path, one full-depth forward over the K + 1 columns
+verifies them, and the greedy rule or the rejection rule of Leviathan et al. decides what is kept
+(:func:`~skiptrain.export.custom_generate.speculate`, the loop the export's ``custom_generate`` runs too).
+
+One KV cache serves draft and verification. A draft column writes keys and values only in the layers it runs, and
+those of every layer above the first it skips differ from the full-depth ones (a skipped layer changes the hidden
+states of every layer after it), so before verification every layer is cut back to the columns verified before
+(:func:`~skiptrain.export.custom_generate.crop_cache`), and after it every layer holds full-depth keys and values for
+every column. Each row keeps its own accepted tokens; its rejected columns stay in the cache as padding (attention
+mask 0), so rows never wait for each other.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from skiptrain.core.schedules import Dense, SkipSchedule
+from skiptrain.errors import UsageError
+from skiptrain.export.custom_generate import SpeculationStats, crop_cache, sliding_window_of, speculate
+from skiptrain.modeling.architectures import DecoderParts, decoder_parts
+from skiptrain.modeling.forward import skip_hidden_states
+from skiptrain.modeling.generation import GenerationOutput, SamplingConfig
+
+
+@dataclass
+class StepSeconds:
+    """Wall time spent in each kind of forward call of a speculative decode.
+
+    Attributes:
+        prefill: Prompt forwards.
+        draft: Draft forwards (one column each).
+        verify: Full-depth verification forwards.
+    """
+
+    prefill: float = 0.0
+    draft: float = 0.0
+    verify: float = 0.0
+
+    def add(self, other: StepSeconds) -> StepSeconds:
+        return StepSeconds(self.prefill + other.prefill, self.draft + other.draft, self.verify + other.verify)
+
+
+@dataclass(frozen=True)
+class SpeculativeOutput(GenerationOutput):
+    """:class:`~skiptrain.generation.GenerationOutput` plus what the speculation accepted and cost.
+
+    Args:
+        stats: Verifications, drafts judged and accepted, tokens kept.
+        seconds: Wall time per kind of forward call.
+    """
+
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+    seconds: StepSeconds = field(default_factory=StepSeconds)
+
+
+class SkipSteps:
+    """The forward calls of :func:`~skiptrain.export.custom_generate.speculate` through the skip-aware forward, timed.
+
+    Prompts run at full depth; a draft for generated index ``g`` runs ``draft.executed_layers(g)`` in every column
+    of the call, whatever its position (after rejected columns, position and column differ).
+
+    Args:
+        model: A supported Hugging Face causal LM (optionally peft-wrapped).
+        draft: The draft schedule, built for the model's layer count (its prompt layers are not used).
+        prompt_length: ``P``, where every left-padded prompt ends.
+    """
+
+    def __init__(self, model: nn.Module, draft: SkipSchedule, prompt_length: int) -> None:
+        self.model, self.parts = model, decoder_parts(model)
+        draft.check_num_layers(self.parts.num_layers)
+        self.draft_schedule, self.dense = draft, Dense().build(self.parts.num_layers)
+        self._drafts: dict[tuple[int, ...], SkipSchedule] = {}
+        self.prompt_length = prompt_length
+        self.cache = DynamicCache(config=self.parts.model.config)
+        self.seconds = StepSeconds()
+        self._synchronize = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
+
+    def _logits(self, kind: str, input_ids: torch.Tensor, attention_mask: torch.Tensor, schedule: SkipSchedule,
+                last_only: bool) -> torch.Tensor:
+        started = time.perf_counter()
+        parts: DecoderParts = self.parts
+        hidden = skip_hidden_states(self.model, input_ids, attention_mask, schedule, self.prompt_length, self.cache,
+                                    parts)
+        logits = parts.lm_head(hidden[:, -1] if last_only else hidden).float()
+        self._synchronize()
+        setattr(self.seconds, kind, getattr(self.seconds, kind) + time.perf_counter() - started)
+        return logits
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self._logits("prefill", input_ids, attention_mask, self.dense, last_only=True)
+
+    def draft(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: int) -> torch.Tensor:
+        layers = self.draft_schedule.executed_layers(index)
+        if layers not in self._drafts:  # whatever its column: rejected columns make column and index differ
+            self._drafts[layers] = SkipSchedule(self.parts.num_layers, self.dense.prompt_layers, (layers,))
+        return self._logits("draft", input_ids, attention_mask, self._drafts[layers], last_only=True)
+
+    def verify(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: int) -> torch.Tensor:
+        crop_cache(self.cache, past)
+        return self._logits("verify", input_ids, attention_mask, self.dense, last_only=False)
+
+
+def check_draft_tokens(draft_tokens: int, max_new_tokens: int) -> None:
+    """Refuse a draft length below 0 or above ``max_new_tokens``, naming both.
+
+    Raises:
+        UsageError: naming ``speculative`` and the allowed range.
+    """
+    if not 0 <= draft_tokens <= max_new_tokens:
+        raise UsageError(f"speculative={draft_tokens} is invalid with max_new_tokens={max_new_tokens}: allowed "
+                         f"0 <= speculative <= {max_new_tokens} draft tokens per verification (0 turns it off)")
+
+
+@torch.no_grad()
+def speculative_generate(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    draft: SkipSchedule,
+    max_new_tokens: int,
+    draft_tokens: int,
+    sampling: SamplingConfig | None = None,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int = 0,
+    generator: torch.Generator | None = None,
+    synced: bool = False,
+    batch_minimum: bool = False,
+) -> SpeculativeOutput:
+    """Full-depth decoding of left-padded prompts, ``draft_tokens`` tokens drafted per verification under ``draft``.
+
+    Arguments as :func:`~skiptrain.modeling.generation.generate` (whose ``schedule`` here is the draft schedule), plus
+    ``draft_tokens``, K >= 0 (0 decodes at full depth one token per step), and ``batch_minimum``
+    (:func:`~skiptrain.export.custom_generate.speculate`). Greedy tokens equal
+    ``generate(..., Dense().build(L))``'s up to logit near-ties (a K + 1 column matmul may round differently from
+    a one-column one); sampled tokens follow its distribution.
+
+    Raises:
+        UsageError: for ``max_new_tokens < 1``, ``draft_tokens`` outside ``[0, max_new_tokens]``, a model with
+            sliding-window attention (:func:`~skiptrain.export.custom_generate.sliding_window_of`), or
+            ``synced=True``: the number of forward calls depends on what each rank accepts, so ranks of ZeRO-3 or
+            FSDP would not call their layers in lockstep.
+    """
+    if max_new_tokens < 1:
+        raise UsageError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1")
+    check_draft_tokens(draft_tokens, max_new_tokens)
+    window = sliding_window_of(decoder_parts(model).model.config)
+    if draft_tokens and window is not None:
+        raise UsageError(f"speculative={draft_tokens} is invalid for sliding-window attention (sliding_window="
+                         f"{window}): allowed full-attention models; decode with speculative=0")
+    if synced:
+        raise UsageError("synced=True is invalid with speculative decoding: its forward calls depend on what each "
+                         "rank accepts; allowed synced=False (decode on one process, or without speculation)")
+    sampling = sampling or SamplingConfig()
+    steps = SkipSteps(model, draft, input_ids.shape[1])
+    tokens, lengths, stats = speculate(
+        steps, input_ids, attention_mask, max_new_tokens, draft_tokens, eos_token_id, pad_token_id,
+        do_sample=sampling.do_sample, warpers=sampling.warpers(), generator=generator, batch_minimum=batch_minimum,
+    )
+    return SpeculativeOutput(tokens=tokens, lengths=lengths, stats=stats, seconds=steps.seconds)
+
+
+__all__ = ["SkipSteps", "SpeculativeOutput", "StepSeconds", "check_draft_tokens", "speculative_generate"]

@@ -1,0 +1,285 @@
+"""Lossless self-speculative decoding: full-depth tokens whatever the draft accepts, full-depth keys and values in the
+cache after a verification, and the full-depth distribution when sampling (and a biased rule caught)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.tiny_models import ARCHITECTURES, left_padded_batch, tiny_model
+
+import skiptrain.export.custom_generate as shared
+from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate
+from skiptrain.errors import UsageError
+from skiptrain.export.custom_generate import sampled_acceptance, speedup_bound
+from skiptrain.frontends.speculative import SkipSteps, speculative_generate
+
+LAYERS = 6
+NEW_TOKENS = 12
+NEAR_TIE = 1e-4
+FAMILIES = tuple(name for name in ARCHITECTURES if name != "mistral-sliding")  # refused: see the refusal test
+DRAFTS = {
+    "decaying": SkipDecode(min_layers=2, max_layers=5, decay_tokens=3),  # accepts some drafts
+    "one_layer": Static(layers=(0,)),  # layer 0 alone: its drafts are almost always rejected
+}
+
+
+def assert_full_depth_tokens(got: torch.Tensor, dense) -> None:
+    """``got`` equals dense greedy decoding's tokens, or first differs where its top-2 logits are a near-tie."""
+    for row, (mine, theirs) in enumerate(zip(got.tolist(), dense.tokens.tolist(), strict=True)):
+        if mine == theirs:
+            continue
+        first = next(g for g, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b)
+        top2 = dense.logits[row, first].topk(2).values
+        assert float(top2[0] - top2[1]) < NEAR_TIE, f"row {row} differs at token {first} without a near-tie"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("draft_tokens", [1, 2, 5])
+def test_greedy_tokens_are_full_depth_at_batch_1_and_3_for_every_draft(family, draft_tokens):
+    model = tiny_model(family, LAYERS)
+    for batch in (1, 3):
+        ids, mask = left_padded_batch(batch=batch, prompt_length=7, continuation=0)
+        dense = generate(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, return_logits=True)
+        for name, draft in DRAFTS.items():
+            out = speculative_generate(model, ids, mask, draft.build(LAYERS), NEW_TOKENS, draft_tokens)
+            assert out.tokens.shape == dense.tokens.shape, name
+            assert_full_depth_tokens(out.tokens, dense)
+            assert out.stats.committed == (NEW_TOKENS - 1) * batch, "the first token comes from the prompt's forward"
+            assert 0 <= out.stats.accepted <= out.stats.judged <= draft_tokens * out.stats.row_verifications
+
+
+def test_a_draft_that_is_almost_always_rejected_still_makes_progress_and_is_counted():
+    model = tiny_model("llama", LAYERS)
+    ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
+    out = speculative_generate(model, ids, mask, DRAFTS["one_layer"].build(LAYERS), NEW_TOKENS, 5)
+    assert out.stats.acceptance_rate < 0.5, "precondition: random tiny models reject most drafts"
+    assert out.stats.verifications >= (NEW_TOKENS - 1) / 2
+
+
+@pytest.mark.parametrize("family", ["llama", "opt", "gpt2"])
+def test_an_end_of_sequence_token_reached_mid_draft_ends_the_row_as_generate_does(family):
+    model = tiny_model(family, LAYERS)
+    ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
+    free = generate(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS)
+    eos = int(free.tokens[1, 3])  # row 1 ends at its fourth token, inside the first drafts of K = 5
+    dense = generate(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, eos_token_id=eos, pad_token_id=0)
+    for draft in DRAFTS.values():
+        out = speculative_generate(model, ids, mask, draft.build(LAYERS), NEW_TOKENS, 5, eos_token_id=eos,
+                                   pad_token_id=0)
+        assert torch.equal(out.tokens, dense.tokens)
+        assert torch.equal(out.lengths, dense.lengths)
+        assert int(out.lengths[1]) <= 4
+
+
+class RecordingSteps(SkipSteps):
+    """:class:`SkipSteps` that keep, after each verification, the cache, the attention mask and every column's token."""
+
+    def __init__(self, *args, prompt_ids: torch.Tensor) -> None:
+        super().__init__(*args)
+        self.ids, self.after_verification = prompt_ids, []
+
+    def verify(self, input_ids, attention_mask, past):
+        logits = super().verify(input_ids, attention_mask, past)
+        self.ids = torch.cat([self.ids[:, :past], input_ids], 1)
+        self.after_verification.append((self.ids, attention_mask, [(layer.keys.clone(), layer.values.clone())
+                                                                   for layer in self.cache.layers]))
+        return logits
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_after_a_verification_the_cache_holds_exactly_the_full_depth_keys_and_values(family):
+    """Against a full-depth prefill of the same tokens under the same mask (earlier rejected columns: padding)."""
+    model = tiny_model(family, LAYERS)
+    ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
+    steps = RecordingSteps(model, DRAFTS["decaying"].build(LAYERS), ids.shape[1], prompt_ids=ids)
+    shared.speculate(steps, ids, mask, NEW_TOKENS, 4)
+    assert len(steps.after_verification) >= 3
+    assert any(not bool(seen.all()) for _, seen, _ in steps.after_verification[1:]), "precondition: rejected columns"
+    for round_, (seen_ids, seen_mask, cache) in enumerate(steps.after_verification):
+        reference = SkipSteps(model, Dense().build(LAYERS), ids.shape[1])
+        reference.prefill(seen_ids, seen_mask)
+        tokens = seen_mask.bool()[:, None, :, None]  # [B, 1, S, 1]: columns that hold a token (not padding)
+        for index, ((keys, values), theirs) in enumerate(zip(cache, reference.cache.layers, strict=True)):
+            assert keys.shape == theirs.keys.shape, f"round {round_}, layer {index}"
+            for mine, full in ((keys, theirs.keys), (values, theirs.values)):
+                torch.testing.assert_close(mine * tokens, full * tokens, atol=1e-5, rtol=1e-5,
+                                           msg=f"round {round_}, layer {index}")
+
+
+def test_rows_keep_their_own_accepted_tokens_and_the_batch_minimum_is_also_lossless():
+    model = tiny_model("llama", LAYERS)
+    ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
+    dense = generate(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, return_logits=True)
+    draft = DRAFTS["decaying"].build(LAYERS)
+    own = speculative_generate(model, ids, mask, draft, NEW_TOKENS, 4)
+    fewest = speculative_generate(model, ids, mask, draft, NEW_TOKENS, 4, batch_minimum=True)
+    assert_full_depth_tokens(own.tokens, dense)
+    assert_full_depth_tokens(fewest.tokens, dense)
+    assert own.stats.verifications < fewest.stats.verifications
+    assert own.stats.tokens_per_verification > fewest.stats.tokens_per_verification
+
+
+# -- sampling ------------------------------------------------------------------------------------------------------
+VOCAB = 8
+DRAWS = 20000
+
+
+def chi_square_p_value(counts: torch.Tensor, probabilities: torch.Tensor) -> float:
+    """Pearson's goodness-of-fit p-value, cells expecting fewer than 5 draws pooled into one."""
+    expected = probabilities.double().flatten() * counts.sum()
+    counts = counts.double().flatten()
+    small = expected < 5
+    observed = torch.cat([counts[~small], counts[small].sum()[None]])
+    expected = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = expected > 0
+    statistic = ((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum()
+    dof = torch.tensor(float(keep.sum() - 1), dtype=torch.float64)
+    return float(torch.special.gammaincc(dof / 2, statistic / 2))
+
+
+def peaked_model() -> torch.nn.Module:
+    """A tiny llama over 8 tokens whose logits are sharp enough that its one-layer draft disagrees with it."""
+    model = tiny_model("llama", LAYERS, vocab_size=VOCAB, seed=3)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(60)
+    return model
+
+
+def full_depth_joint(model: torch.nn.Module, prompt: torch.Tensor) -> torch.Tensor:
+    """``[V, V, V]`` full-depth probabilities of the first three generated tokens after ``prompt`` ``[P]``."""
+    grid = torch.cartesian_prod(torch.arange(VOCAB), torch.arange(VOCAB))  # [V * V, 2]
+    ids = torch.cat([prompt.expand(len(grid), -1), grid], 1)
+    with torch.no_grad():
+        probs = model(input_ids=ids).logits[:, prompt.numel() - 1:].float().softmax(-1)  # [V * V, 3, V]
+    first = probs[0, 0]  # [V]
+    second = probs[::VOCAB, 1].view(VOCAB, VOCAB)  # rows with the same first token share its next distribution
+    third = probs[:, 2].view(VOCAB, VOCAB, VOCAB)
+    return first[:, None, None] * second[:, :, None] * third
+
+
+def sampled_first_tokens(model: torch.nn.Module, prompt: torch.Tensor, seed: int) -> torch.Tensor:
+    """``[V, V, V]`` counts of the first three tokens of ``DRAWS`` speculative samples (K = 2, one-layer draft)."""
+    ids = prompt.expand(DRAWS, -1)
+    out = speculative_generate(model, ids, torch.ones_like(ids), DRAFTS["one_layer"].build(LAYERS), 3, 2,
+                               sampling=SamplingConfig(do_sample=True), generator=torch.Generator().manual_seed(seed))
+    cells = (out.tokens[:, 0] * VOCAB + out.tokens[:, 1]) * VOCAB + out.tokens[:, 2]
+    return torch.bincount(cells, minlength=VOCAB**3).view(VOCAB, VOCAB, VOCAB)
+
+
+def resample_from_p(verified, drafted, drafts, generator=None):
+    """A biased rule: accepts as Leviathan et al., but replaces a rejected draft with a sample of ``p``, not of
+    ``max(p - q, 0)``."""
+    tokens, accepted = sampled_acceptance(verified, drafted, drafts, generator)
+    fresh = torch.multinomial(verified.reshape(-1, verified.shape[-1]), 1, generator=generator).view(tokens.shape)
+    rows = torch.arange(len(tokens))
+    rejected = accepted < drafts.shape[1]
+    tokens[rows[rejected], accepted[rejected]] = fresh[rows[rejected], accepted[rejected]]
+    return tokens, accepted
+
+
+def test_sampled_tokens_follow_the_full_depth_distribution_and_a_biased_rule_is_caught(monkeypatch):
+    model = peaked_model()
+    prompt = torch.tensor([[5, 3, 7, 4]])
+    joint = full_depth_joint(model, prompt)
+    draft = speculative_generate(model, prompt, torch.ones_like(prompt), DRAFTS["one_layer"].build(LAYERS), 3, 2)
+    assert draft.stats.acceptance_rate < 1, "precondition: the draft disagrees with full depth"
+    assert chi_square_p_value(sampled_first_tokens(model, prompt, seed=0), joint) > 1e-3
+    monkeypatch.setattr(shared, "sampled_acceptance", resample_from_p)
+    assert chi_square_p_value(sampled_first_tokens(model, prompt, seed=0), joint) < 1e-6
+
+
+def test_the_rejection_rule_gives_p_at_every_draft_position_and_the_biased_one_does_not():
+    generator = torch.Generator().manual_seed(0)
+    rows, k = 50000, 2
+    p = torch.softmax(3 * torch.randn(k + 1, VOCAB, generator=generator), -1).expand(rows, -1, -1)
+    q = torch.softmax(3 * torch.randn(k, VOCAB, generator=generator), -1).expand(rows, -1, -1)
+    drafts = torch.multinomial(q.reshape(-1, VOCAB), 1, generator=generator).view(rows, k)
+    for rule, fits in ((sampled_acceptance, True), (resample_from_p, False)):
+        tokens, accepted = rule(p, q, drafts, torch.Generator().manual_seed(1))
+        values = [chi_square_p_value(torch.bincount(tokens[accepted >= j, j], minlength=VOCAB), p[0, j])
+                  for j in range(k + 1)]  # position j is reached when the j drafts before it were accepted
+        if fits:
+            assert min(values) > 1e-3, values
+        else:
+            assert min(values) < 1e-6, values
+
+
+def test_a_fixed_seed_repeats_the_draws():
+    model = tiny_model("llama", LAYERS)
+    ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
+    sampling = SamplingConfig(do_sample=True, temperature=1.5, top_k=20)
+    runs = [speculative_generate(model, ids, mask, DRAFTS["decaying"].build(LAYERS), NEW_TOKENS, 3,
+                                 sampling=sampling, generator=torch.Generator().manual_seed(seed)).tokens
+            for seed in (4, 4, 5)]
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
+# -- refusals and the bound -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"draft_tokens": -1}, "speculative=-1 is invalid with max_new_tokens=4: allowed 0 <= speculative <= 4"),
+    ({"draft_tokens": 5}, "speculative=5 is invalid"),
+    ({"draft_tokens": 2, "synced": True}, "synced=True is invalid with speculative decoding"),
+])
+def test_what_cannot_be_decoded_losslessly_is_refused_in_one_line(kwargs, message):
+    model = tiny_model("llama", LAYERS)
+    ids, mask = left_padded_batch(batch=1, prompt_length=4, continuation=0)
+    with pytest.raises(UsageError, match=message):
+        speculative_generate(model, ids, mask, DRAFTS["decaying"].build(LAYERS), 4, **kwargs)
+    with pytest.raises(ValueError, match="num_layers"):
+        speculative_generate(model, ids, mask, DRAFTS["decaying"].build(LAYERS + 1), 4, 2)
+    with pytest.raises(UsageError, match="speculative=2 is invalid for sliding-window attention"):
+        speculative_generate(tiny_model("mistral-sliding", LAYERS), ids, mask, DRAFTS["decaying"].build(LAYERS), 4, 2)
+
+
+def test_the_speedup_bound():
+    assert speedup_bound(1.0, 4, 0.0) == 5.0  # every draft accepted and free: K + 1 tokens per full-depth step
+    assert speedup_bound(0.0, 4, 0.5) == pytest.approx(1 / 3)  # nothing accepted: one token per 3 steps' cost
+    assert speedup_bound(0.8, 2, 0.5) == pytest.approx((1 + 0.8 + 0.64) / 2)
+
+
+# -- the command line -------------------------------------------------------------------------------------------------
+def test_generate_speculative_writes_the_full_depth_completions_and_reports_acceptance_and_cost(skip_export, tmp_path):
+    from skiptrain.cli.app import main
+    from skiptrain.cli.trainer import SkipTrainer
+    from skiptrain.training.module import SkipLM
+
+    export = skip_export("llama")
+    prompts, output = tmp_path / "prompts.txt", tmp_path / "out.jsonl"
+    prompts.write_text("The council met\nDescribe the weather in one sentence. Forecast: city[Oslo]\nHello\n")
+    common = ["generate", "--model.model", str(export), "--prompts", str(prompts), "--max_new_tokens", "10",
+              "--batch_size", "3", "--trainer.accelerator", "cpu", "--trainer.logger", "false"]
+    main([*common, "--output", str(output), "--dense", "true"])
+    dense = output.read_text()
+    draft = tmp_path / "draft.yaml"
+    draft.write_text("class_path: skiptrain.Static\ninit_args:\n  layers: [0, 4, 5]\n")
+    main([*common, "--output", str(output), "--speculative", "2", "--draft_schedule", str(draft)])
+    assert output.read_text() == dense
+
+    trainer = SkipTrainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    for compare in (False, True):
+        report = trainer.generate(SkipLM(str(export)), prompts=str(prompts), output=str(output), max_new_tokens=10,
+                                  batch_size=3, speculative=3, compare_dense=compare)
+        assert output.read_text() == dense
+        summary = report.summary()
+        for part in ("lossless speculative decoding", "acceptance", "tokens per verification", "of a full-depth step",
+                     "bound (1 - a^(K+1)) / ((1 - a)(K c + 1))", "tokens/s"):
+            assert part in summary, (part, summary)
+        assert ("measured speedup" in summary) == compare, summary
+        assert report.speculation.stats.speculation.judged >= report.speculation.stats.speculation.accepted > 0
+
+
+def test_read_schedule_file_takes_an_export_json_a_family_or_a_recipe_fragment(skip_export, tmp_path):
+    from skiptrain.core.schedules import ScheduleError, read_schedule_file
+
+    export = skip_export("llama")
+    own = read_schedule_file(str(export / "skip_schedule.json"), LAYERS)
+    assert own == SkipDecode(max_layers=5, min_layers=2, decay_tokens=4).build(LAYERS)
+    fragment = tmp_path / "fragment.yaml"
+    fragment.write_text("model:\n  schedule:\n    class_path: skiptrain.Static\n    init_args: {depth: 3}\n")
+    assert read_schedule_file(str(fragment), LAYERS) == Static(depth=3).build(LAYERS)
+    with pytest.raises(ScheduleError, match=r"draft_schedule=.*num_layers=6 of the schedule does not match the "
+                                            r"model's 4"):
+        read_schedule_file(str(export / "skip_schedule.json"), 4, "draft_schedule")
+    fragment.write_text("class_path: skiptrain.Nope\n")
+    with pytest.raises(ScheduleError, match=r"class_path='skiptrain.Nope' is invalid: allowed one of"):
+        read_schedule_file(str(fragment), LAYERS)
