@@ -7,13 +7,13 @@ import copy
 import io
 import json
 import shutil
-from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 import torch
 from helpers.cli_args import tiny_args
+from helpers.exports import EXPORT_CALLBACK, PROMPTS, Run, left_padded, minimal_decode
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -34,32 +34,9 @@ from skiptrain.training.module import SkipLM
 CONTRACT_KEYS = {"format", "schema_version", "producer", "num_layers", "family", "params", "position",
                  "prompt_layers", "executed_layers", "nested", "mean_layers_per_token", "trained_with_schedule",
                  "base_model"}
-PROMPTS = [
-    "Write the weather forecast.\nData: city[Oslo], day[Monday]\nForecast:",
-    "The council met on Monday",
-    "Describe the restaurant in one sentence.\nAttributes: name[The Eagle]\nSentence:",
-]
-EXPORT_CALLBACK = '{"class_path": "skiptrain.callbacks.export.ExportCallback", "init_args": {"output_dir": "%s"}}'
 
 
-@dataclass
-class Run:
-    """A tiny LoRA fit run with the export callback."""
 
-    cli: object
-    model_dir: str
-    run_dir: Path
-    export_dir: Path
-
-    @property
-    def checkpoint(self) -> Path:
-        (path,) = self.run_dir.rglob("*.ckpt")
-        return path
-
-    @property
-    def config(self) -> Path:
-        (path,) = self.run_dir.rglob("config.yaml")
-        return path
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +58,6 @@ def trained(tiny_model_dir, tmp_path_factory):
         return runs[family]
 
     return run
-
-
-def left_padded(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    encoded = tokenizer(prompts, padding=True, return_tensors="pt")
-    return encoded["input_ids"], encoded["attention_mask"]
 
 
 def with_continuation(ids: torch.Tensor, mask: torch.Tensor, length: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,22 +145,6 @@ def test_export_subcommand_from_a_checkpoint_matches_the_callback_export(trained
 
 
 # -- the schedule file is the contract -------------------------------------------------------------------------------
-def minimal_decode(model, ids, mask, schedule: SkipSchedule, steps: int, eos: int) -> list[list[int]]:
-    """Greedy decoding without a cache: re-run the whole sequence under the schedule for every new token."""
-    prompt_length, rows = ids.shape[1], [[] for _ in range(ids.shape[0])]
-    done = [False] * ids.shape[0]
-    with torch.no_grad():
-        for _ in range(steps):
-            next_ids = skip_forward(model, ids, mask, schedule, prompt_length)[:, -1].argmax(-1)
-            for row, token in enumerate(next_ids.tolist()):
-                if not done[row]:
-                    rows[row].append(token)
-                    done[row] = token == eos
-            ids = torch.cat([ids, next_ids[:, None]], 1)
-            mask = torch.cat([mask, torch.ones_like(next_ids[:, None])], 1)
-    return rows
-
-
 @pytest.mark.parametrize("family", ["llama", "opt", "gpt2"])
 def test_skip_schedule_json_alone_reproduces_generate(family, trained, tmp_path):
     run = trained(family)

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 import torch
-from test_training import tiny_args
+from helpers.cli_args import tiny_args
 
 import skiptrain.modeling.precision as precision
 from skiptrain.cli.app import main

@@ -13,8 +13,8 @@ import torch
 bnb = pytest.importorskip("bitsandbytes", reason="QLoRA needs the optional extra skiptrain[qlora]")
 
 from helpers.cli_args import read_metrics, tiny_args  # noqa: E402
-from test_export import EXPORT_CALLBACK, PROMPTS, Run, left_padded, minimal_decode  # noqa: E402
-from test_user_errors import error_lines, run_cli, snapshot  # noqa: E402
+from helpers.cli_runs import error_lines, run_cli, snapshot  # noqa: E402
+from helpers.exports import EXPORT_CALLBACK, PROMPTS, Run, left_padded, minimal_decode  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from skiptrain import Dense, SkipSchedule, generate, load_exported, skip_forward  # noqa: E402

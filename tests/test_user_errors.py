@@ -16,6 +16,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 from helpers.cli_args import tiny_args
+from helpers.cli_runs import error_lines, run_cli, snapshot
 from transformers import PreTrainedModel
 
 import skiptrain.training.calibrate
@@ -399,26 +400,6 @@ CASES = [
                                        "--model.schedule.min_layers", "2", "--output_dir", "{tmp}/out",
                                        "--adapter_only", "true"), USAGE, "adapter_only=True needs a LoRA model"),
 ]
-
-
-def snapshot(folder: Path) -> dict[str, int]:
-    """Every path under ``folder`` with its size (-1 for a directory)."""
-    return {str(p.relative_to(folder)): -1 if p.is_dir() else p.stat().st_size for p in folder.rglob("*")}
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, str]:
-    """Run the CLI in-process; its exit code and stderr."""
-    capsys.readouterr()
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as err:
-        code = err.code if isinstance(err.code, int) else 1
-    return code, capsys.readouterr().err
-
-
-def error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith(("skiptrain ", "error: ")) and "error: " in line]
 
 
 def test_the_battery_is_large_and_names_are_unique():
