@@ -38,6 +38,9 @@ _LAZY: dict[str, str] = {
     "ExportError": "skiptrain.export.format",
     "ExportedModel": "skiptrain.export.load",
     "load_exported": "skiptrain.export.load",
+    "PairCollator": "skiptrain.training.integration",
+    "skip_aware": "skiptrain.training.integration",
+    "skip_loss": "skiptrain.training.integration",
 }
 
 __all__ = [  # a literal list, so linters and type checkers see the public names
@@ -46,6 +49,7 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
     "ExportedModel",
     "GenerationOutput",
     "Hierarchical",
+    "PairCollator",
     "Ranked",
     "SamplingConfig",
     "ScheduleError",
@@ -57,8 +61,10 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
     "generate",
     "load_exported",
     "position_ids_from_mask",
+    "skip_aware",
     "skip_forward",
     "skip_hidden_states",
+    "skip_loss",
     "skipdecode_for_speedup",
     "speculative_generate",
 ]

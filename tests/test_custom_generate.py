@@ -20,12 +20,18 @@ from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorL
 
 from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forward
 from skiptrain.core.schedules import ScheduleError, SkipSchedule
-from skiptrain.export.custom_generate import DECODER_LAYERS, SkipScheduleError, decoder_layers, read_schedule
-from skiptrain.export.format import CUSTOM_GENERATE_FILE
+from skiptrain.export.custom_generate import (
+    DECODER_LAYERS,
+    UNSUPPORTED,
+    SkipScheduleError,
+    decoder_layers,
+    read_schedule,
+)
+from skiptrain.export.format import CUSTOM_GENERATE_FILE, PROMPT_FORMAT_FILE
 from skiptrain.modeling.architectures import ARCHITECTURES
 from skiptrain.modeling.loading import load_tokenizer
 
-HF_FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2")
+HF_FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2", "qwen3", "phi3")
 PROMPTS = [
     "Describe the weather in one sentence. Forecast: city[Oslo], day[Monday]",
     "The council met",
@@ -268,20 +274,34 @@ def test_a_forward_set_on_a_layer_instance_is_gated_and_then_restored(export):
 
 def test_the_export_ships_a_self_contained_copy(export):
     shipped = export("llama") / CUSTOM_GENERATE_FILE
-    source = Path(importlib.import_module("skiptrain.export.custom_generate").__file__)
-    assert shipped.read_text() == source.read_text()
-    tree = ast.parse(source.read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert "skiptrain" not in imported and imported <= {"__future__", "functools", "collections", "contextlib",
-                                                         "dataclasses", "typing", "torch", "transformers"}
+    shipped_sources = {shipped: "skiptrain.export.custom_generate",  # generate.py imports its sibling
+                       shipped.parent / PROMPT_FORMAT_FILE: "skiptrain.text.prompt_format"}
+    for copy, module in shipped_sources.items():
+        source = Path(importlib.import_module(module).__file__)
+        assert copy.read_text() == source.read_text()
+        tree = ast.parse(source.read_text())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {("." if node.level else "") + node.module.split(".")[0] for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom)}
+        assert "skiptrain" not in imported and imported <= {"__future__", "functools", "collections", "contextlib",
+                                                             "typing", "torch", "transformers", "json", "re",
+                                                             "dataclasses", ".prompt_format"}
     card = (export("llama") / "README.md").read_text()
     assert 'AutoModelForCausalLM.from_pretrained("path/to/this/export", trust_remote_code=True)' in card
     config = json.loads((export("llama") / "config.json").read_text())
     assert "auto_map" not in config, "the model class stays transformers' own"
     # the same layers skiptrain's own forward drives, for every architecture in its table
-    assert DECODER_LAYERS == {name: entry.layers_path for name, entry in ARCHITECTURES.items()}
+    assert DECODER_LAYERS == {name: entry.layers_path for name, entry in ARCHITECTURES.items()
+                              if name not in UNSUPPORTED}
+    assert set(UNSUPPORTED) <= set(ARCHITECTURES), "refused by name, with the reason"
+
+
+def test_gemma2_is_refused_with_its_reason(export):
+    model = hf_skip_model(export("gemma2"))
+    with pytest.raises(ValueError, match="model_type='gemma2' is not supported by the skip schedule's custom "
+                                         "generate: .*decode with skiptrain generate"):
+        model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=2)
 
 
 def _explicit(num_layers: int = 6, **changes) -> dict:

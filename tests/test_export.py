@@ -67,7 +67,7 @@ def with_continuation(ids: torch.Tensor, mask: torch.Tensor, length: int = 6) ->
 
 
 # -- round trips -----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("family", ["llama", "opt", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "opt", "gpt2", "qwen3", "gemma2", "phi3"])
 def test_round_trip_through_plain_transformers_and_skiptrain(family, trained):
     run = trained(family)
     module = run.cli.model
@@ -151,7 +151,8 @@ def test_skip_schedule_json_alone_reproduces_generate(family, trained, tmp_path)
     prompts, output = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n" for i, p in enumerate(PROMPTS)))
     common = ["--model.model", str(run.export_dir), "--prompts", str(prompts), "--max_new_tokens", "10",
-              "--batch_size", "3", "--trainer.accelerator", "cpu", "--trainer.logger", "false"]
+              "--batch_size", "3", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
+              "--raw_prompts", "true"]  # whole prompts, tokenised as given
     main(["generate", *common, "--output", str(output)])
     results = [json.loads(line) for line in output.read_text().splitlines()]
     assert [r["prompt"] for r in results] == PROMPTS

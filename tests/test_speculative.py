@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.tiny_models import ARCHITECTURES, left_padded_batch, tiny_model
+from helpers.tiny_models import ARCHITECTURES, left_padded_batch, tiny_config, tiny_model
 
 import skiptrain.export.custom_generate as shared
 from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate
 from skiptrain.errors import UsageError
-from skiptrain.export.custom_generate import sampled_acceptance, speedup_bound
+from skiptrain.export.custom_generate import sampled_acceptance, sliding_window_of, speedup_bound
 from skiptrain.frontends.speculative import SkipSteps, speculative_generate
 
 LAYERS = 6
 NEW_TOKENS = 12
 NEAR_TIE = 1e-4
-FAMILIES = tuple(name for name in ARCHITECTURES if name != "mistral-sliding")  # refused: see the refusal test
+# Sliding-window attention is refused (see the refusal test): every architecture whose tiny config has a window.
+FAMILIES = tuple(name for name in ARCHITECTURES if sliding_window_of(tiny_config(name)) is None)
 DRAFTS = {
     "decaying": SkipDecode(min_layers=2, max_layers=5, decay_tokens=3),  # accepts some drafts
     "one_layer": Static(layers=(0,)),  # layer 0 alone: its drafts are almost always rejected

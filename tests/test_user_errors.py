@@ -345,8 +345,10 @@ CASES = [
          says="line 1: expected an object with a string 'prompt' field"),
     Case("prompts_empty", **with_prompts("\n\n"), code=INPUT, says="no prompts"),
     Case("prompts_binary", **with_prompts(bytes(range(128, 256))), code=INPUT, says="cannot be read as UTF-8"),
-    Case("prompt_beyond_the_context", **with_prompts("word " * 400 + "\n"), code=INPUT,
-         says="exceeds the model's context length of 256 tokens"),
+    Case("prompt_beyond_the_context", **with_prompts("word " * 400 + "\n", "--raw_prompts", "true"), code=INPUT,
+         says="exceeds the model's context length of 256 tokens"),  # a source would be trimmed in its template
+    Case("prompt_missing_a_template_field", **with_prompts('{"template": {"name": "x"}}\n', name="prompts.jsonl"),
+         code=USAGE, says="missing field(s) ['source'] for the template"),
     Case("max_new_tokens_zero", generate("--max_new_tokens", "0"), USAGE, "max_new_tokens=0"),
     Case("max_new_tokens_fill_the_context", generate("--max_new_tokens", "256"), USAGE, "max_new_tokens=256"),
     Case("generate_batch_size_zero", generate("--batch_size", "0"), USAGE, "batch_size=0"),
@@ -501,7 +503,8 @@ def test_the_console_shows_one_line_and_no_traceback(argv, code, says, inputs, t
 def test_a_long_prompt_is_truncated_on_request(inputs, tmp_path):
     (tmp_path / "prompts.txt").write_text("word " * 400 + "\nForecast:\n")
     with pytest.warns(UserWarning, match=r"prompt 1 has \d+ tokens; truncated to its last 252"):
-        main([fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in generate("--long_prompts", "truncate")])
+        main([fill(arg, {"tmp": str(tmp_path), **vars(inputs)}) for arg in generate("--long_prompts", "truncate",
+                                                                                   "--raw_prompts", "true")])
     rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[1]["prompt"] == "Forecast:"
     assert rows[0]["prompt"].endswith("word ") and len(rows[0]["prompt"]) < 400 * len("word ")

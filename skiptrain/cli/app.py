@@ -36,6 +36,7 @@ from skiptrain.cli.trainer import SkipTrainer
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import SkiptrainError, UsageError
 from skiptrain.modeling.loading import context_length
+from skiptrain.text.prompt_format import PromptFormatError
 from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata, resolve_ckpt_path
 from skiptrain.training.module import SkipLM, accept_schedule_families
 from skiptrain.training.preemption import PreemptionCheckpoint
@@ -158,7 +159,7 @@ class SkipCLI(LightningCLI):
         created = _absent(Path(self.trainer.log_dir)) if self.trainer.log_dir else []
         try:
             super()._run_subcommand(subcommand)
-        except SkiptrainError:
+        except (SkiptrainError, PromptFormatError):
             _remove_if_only_setup_files(created)
             raise
 
@@ -201,7 +202,7 @@ def error_line(subcommand: str, error: BaseException) -> str:
 
 def exit_code(error: BaseException) -> int:
     """2 for a usage error (an option or combination of options), 1 for an unusable input file."""
-    return error.exit_code if isinstance(error, SkiptrainError) else UsageError.exit_code
+    return getattr(error, "exit_code", UsageError.exit_code)
 
 
 def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
@@ -258,7 +259,7 @@ def refuse_optimizer_options(args: Sequence[str]) -> None:
                 raise UsageError(f"{name} is not an option of skiptrain: {instead}")
 
 
-USER_ERRORS = (SkiptrainError, MisconfigurationException, ArgumentError)
+USER_ERRORS = (SkiptrainError, PromptFormatError, MisconfigurationException, ArgumentError)
 """Exceptions that report a mistake in the user's input; any other is a bug."""
 
 

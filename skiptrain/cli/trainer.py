@@ -32,6 +32,8 @@ from skiptrain.core.output_dir import check_output_dir
 from skiptrain.core.schedules import read_schedule_file
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import InputError, UsageError
+from skiptrain.export.hub import check_can_push, push_export
+from skiptrain.export.record import ExportRecord
 from skiptrain.frontends.conformance import (
     DEFAULT_MARGIN,
     DEFAULT_TOP,
@@ -43,6 +45,7 @@ from skiptrain.frontends.conformance import (
     write_vectors,
 )
 from skiptrain.frontends.inference import (
+    RAW,
     STDIO,
     GenerationReport,
     LongPrompts,
@@ -56,11 +59,12 @@ from skiptrain.frontends.speculative import check_draft_tokens, check_full_atten
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
 from skiptrain.modeling.precision import resolve_precision
+from skiptrain.text.prompt_format import PromptFormat
 from skiptrain.training.calibrate import Calibration, CalibrationRequest, calibrate, validation_batches
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
 from skiptrain.training.evaluation import evaluate_against_dense
 from skiptrain.training.module import SkipLM
-from skiptrain.training.runs import export_checkpoint
+from skiptrain.training.runs import export_checkpoint, recorded_prompt_format
 
 
 class SkipTrainer(L.Trainer):
@@ -76,11 +80,11 @@ class SkipTrainer(L.Trainer):
     def __init__(self, *, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs: Any) -> None:
         super().__init__(precision=resolve_precision(precision, kwargs.get("accelerator", "auto")), **kwargs)
 
-    def _load(self, model: SkipLM, ckpt_path: str | None, weights_only: bool | None) -> None:
+    def _load(self, model: SkipLM, ckpt_path: str | None, weights_only: bool | None) -> ExportRecord:
         """Give ``model`` its weights (:meth:`~skiptrain.training.module.SkipLM.load_weights`) in the dtype this
-        trainer's precision implies (``model.dtype``)."""
+        trainer's precision implies (``model.dtype``); returns where they came from."""
         model.trainer = self
-        model.load_weights(ckpt_path, weights_only)
+        return model.load_weights(ckpt_path, weights_only)
 
     def _place_for_inference(self, model: SkipLM) -> torch.device:
         """Move the loaded module to this trainer's device and precision, in eval mode; returns the device."""
@@ -98,6 +102,8 @@ class SkipTrainer(L.Trainer):
         output_dir: str,
         adapter_only: bool = False,
         overwrite: bool = False,
+        push_to_hub: str | None = None,
+        hub_private: bool | None = None,
     ) -> Path:
         """Export a checkpoint for inference: a Hugging Face model directory plus skip_schedule.json.
 
@@ -112,13 +118,22 @@ class SkipTrainer(L.Trainer):
             adapter_only: Save only the LoRA adapter (plus ``skip_schedule.json`` naming the base model) instead of
                 merged weights.
             overwrite: Replace a non-empty ``output_dir`` (only once the new export is complete and checked).
+            push_to_hub: Also upload the export to this Hub model repository (``user/model``), created when absent,
+                with huggingface_hub's own upload and credentials; refused offline before anything is written.
+            hub_private: Visibility of a repository that ``push_to_hub`` creates (default: the Hub's).
 
         Returns:
             The export directory. A module whose model was built here has its LoRA adapters merged in place.
         """
+        if push_to_hub is not None:
+            check_can_push(push_to_hub)
         model.trainer = self  # the weights load in the dtype its precision implies
-        return export_checkpoint(model, output_dir, ckpt_path, datamodule, weights_only, adapter_only=adapter_only,
-                                 overwrite=overwrite)
+        directory = export_checkpoint(model, output_dir, ckpt_path, datamodule, weights_only,
+                                      adapter_only=adapter_only, overwrite=overwrite)
+        if push_to_hub is not None:
+            commit = push_export(directory, push_to_hub, hub_private)
+            rank_zero_info(f"skiptrain: uploaded {directory} to the Hub: {commit}")
+        return directory
 
     def generate(
         self,
@@ -136,6 +151,7 @@ class SkipTrainer(L.Trainer):
         long_prompts: LongPrompts = "refuse",
         speculative: int = 0,
         draft_schedule: str | None = None,
+        raw_prompts: bool = False,
     ) -> GenerationReport:
         """Generate completions of prompts with batched, KV-cached skip-aware decoding (JSON lines out).
 
@@ -144,8 +160,10 @@ class SkipTrainer(L.Trainer):
             ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
             weights_only: How the checkpoint is unpickled, as in ``fit``: ``null``/``true`` tensors and plain data
                 only, ``false`` any object (trusted checkpoints only).
-            prompts: ``.jsonl`` file with a ``prompt`` field per line, text file with one prompt per line, or ``-``
-                for stdin.
+            prompts: ``.jsonl`` file with a ``prompt`` field per line (or, for a template of several fields, a
+                ``template`` object of their values), text file with one prompt per line, or ``-`` for stdin. Each
+                prompt is the bare source of the run's prompt format, which the model records (an export, or a
+                run's data config or checkpoint) and generate applies as training did.
             output: JSON-lines file for ``{"prompt", "completion", "num_tokens", "token_ids"}``, or ``-`` for stdout
                 (the summary goes to stderr).
             max_new_tokens: Tokens generated per prompt at most (>= 1); default ``model.generation.max_new_tokens``.
@@ -154,11 +172,13 @@ class SkipTrainer(L.Trainer):
             dense: Decode with every layer, ignoring the schedule.
             compare_dense: Also decode the same prompts densely and report the measured speedup.
             long_prompts: A prompt that leaves no room for ``max_new_tokens`` in the model's context length is
-                refused (``refuse``) or cut to its last tokens that fit, with a warning (``truncate``).
+                refused (``refuse``) or shortened with a warning (``truncate``): a raw prompt to its last tokens, a
+                source further trimmed inside the template.
             speculative: K >= 1 decodes losslessly: the output is exactly full-depth decoding's, K tokens drafted
                 under the schedule per full-depth verification (0, the default, decodes under the schedule).
             draft_schedule: With ``speculative``, draft under this schedule instead of the model's own: a
                 ``skip_schedule.json`` or a schedule YAML (``class_path``/``init_args``, or a recipe fragment).
+            raw_prompts: Use each prompt as it is (the whole prompt text), not as a source of the recorded format.
         """
         max_new_tokens = _max_new_tokens(model, max_new_tokens)
         _check_speculation(speculative, max_new_tokens, draft_schedule, dense)
@@ -167,17 +187,18 @@ class SkipTrainer(L.Trainer):
         check_full_attention(speculative, config)
         draft = None if draft_schedule is None else \
             read_schedule_file(draft_schedule, config.num_hidden_layers, "draft_schedule")  # before the weights load
-        prompt_texts = fit_prompts(model.get_tokenizer(), read_prompts(prompts), context_length(config),
-                                   max_new_tokens, long_prompts)
+        prompt_format = _prompt_format(model, ckpt_path, weights_only, raw_prompts)
+        prompt_list, prompt_format = fit_prompts(model.get_tokenizer(), read_prompts(prompts), context_length(config),
+                                                 max_new_tokens, long_prompts, prompt_format)
         self._load(model, ckpt_path, weights_only)
         tokenizer = model.get_tokenizer()
         draft = draft or model.schedule
         device = self._place_for_inference(model)
         report = generate_report(
-            model.model, tokenizer, draft, prompt_texts, dense=dense, compare_dense=compare_dense,
+            model.model, tokenizer, draft, prompt_list, dense=dense, compare_dense=compare_dense,
             speculative=speculative, max_new_tokens=max_new_tokens, batch_size=batch_size,
             sampling=sampling or model.generation.sampling, device=device,
-            context=self.precision_plugin.forward_context,
+            context=self.precision_plugin.forward_context, prompt_format=prompt_format,
         )
         write_completions(report.completions, output)
         rank_zero_info(report.summary())  # stderr: stdout may carry the JSON lines
@@ -206,8 +227,14 @@ class SkipTrainer(L.Trainer):
             weights_only: How the checkpoint is unpickled, as in ``fit``: ``null``/``true`` tensors and plain data
                 only, ``false`` any object (trusted checkpoints only).
             output: Also write the table as JSON to this file.
+
+        An export's recorded prompt format makes the test prompts unless ``data.prompt_template`` is given.
         """
-        self._load(model, ckpt_path, weights_only)
+        recorded = self._load(model, ckpt_path, weights_only).prompt_format
+        if recorded is not None and datamodule.hparams.get("prompt_template") is None and \
+                not datamodule.hparams.get("chat_template"):
+            datamodule.use_prompt_format(recorded)
+            rank_zero_info("skiptrain evaluate: the test prompts are made by the export's recorded prompt format")
         return evaluate_against_dense(self, model, datamodule, output)
 
     def calibrate(
@@ -281,6 +308,7 @@ class SkipTrainer(L.Trainer):
         top: int = DEFAULT_TOP,
         margin: float | None = None,
         lossless: bool = False,
+        raw_prompts: bool = False,
     ) -> ConformanceReport | None:
         """Write conformance test vectors for other inference engines, or check an engine's outputs against them.
 
@@ -303,6 +331,7 @@ class SkipTrainer(L.Trainer):
                 (default 1e-3); when checking, overrides it.
             lossless: Write vectors for a speculative implementation that drafts under the schedule: the reference
                 decodes at full depth, whose output such an implementation must equal.
+            raw_prompts: Use each prompt as it is, not as a source of the model's recorded prompt format.
         """
         if check is not None:
             report = check_outputs(read_vectors(vectors, model.source.schedule()), read_outputs(check), margin)
@@ -313,12 +342,13 @@ class SkipTrainer(L.Trainer):
         max_new_tokens = _max_new_tokens(model, max_new_tokens)
         check_batch_size(batch_size)
         check_vector_options(top, margin)
-        prompt_texts = read_prompts(prompts)
+        prompt_list = read_prompts(prompts)
+        prompt_format = _prompt_format(model, ckpt_path, weights_only, raw_prompts)
         _model_config(model)
         self._load(model, ckpt_path, weights_only)
         device = self._place_for_inference(model)
         written = write_vectors(
-            model.model, model.get_tokenizer(), model.schedule, prompt_texts, vectors,
+            model.model, model.get_tokenizer(), model.schedule, prompt_list, vectors, prompt_format=prompt_format,
             max_new_tokens=max_new_tokens, batch_size=batch_size, top=top,
             margin=DEFAULT_MARGIN if margin is None else margin, device=device,
             context=self.precision_plugin.forward_context, lossless=lossless,
@@ -340,6 +370,20 @@ def _check_speculation(speculative: int, max_new_tokens: int, draft_schedule: st
     if draft_schedule is not None and not Path(draft_schedule).is_file():
         raise InputError(f"draft_schedule={draft_schedule!r}: no such file; give a skip_schedule.json or a schedule "
                          "YAML (class_path/init_args)")
+
+
+def _prompt_format(model: SkipLM, ckpt_path: str | None, weights_only: bool | None, raw: bool) -> PromptFormat:
+    """The prompt format that makes prompts from the given ones: the model's recorded one, or raw."""
+    if raw:
+        return RAW
+    recorded = recorded_prompt_format(model, ckpt_path, weights_only=weights_only)
+    if recorded is None:
+        rank_zero_info("skiptrain: the model records no prompt format: prompts are used as given")
+        return RAW
+    rank_zero_info(f"skiptrain: each prompt fills the recorded template {recorded.template!r}"
+                   + (" inside the chat template" if recorded.chat_template else "")
+                   + " (--raw_prompts true uses prompts as given)")
+    return recorded
 
 
 def _max_new_tokens(model: SkipLM, given: int | None) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import datasets
@@ -78,20 +79,42 @@ def group_references(sources: Sequence[str], targets: Sequence[str]) -> tuple[li
 
 
 
-def _normalise_batch(batch: dict[str, list[Any]], src: str, tgt: str | None, strip: bool) -> dict[str, list[str]]:
+def resolve_field_columns(found: Sequence[str], fields: Sequence[str], origin: str, source: str | None
+                          ) -> dict[str, str]:
+    """The data column of each template field: ``source`` for ``{source}``, the column of that name otherwise.
+
+    Raises:
+        DataError: naming ``origin``, every field whose column is missing, and the columns found.
+    """
+    columns = {name: source if name == SOURCE and source else name for name in fields}
+    missing = [name for name, column in columns.items() if column not in found]
+    if missing:
+        raise DataError(f"{origin}: the prompt template names column(s) {missing} that the data lacks; columns found: "
+                        f"{list(found)}. Name existing columns in data.prompt_template")
+    return columns
+
+
+def _normalise_batch(batch: dict[str, list[Any]], src: str, tgt: str | None, strip: bool,
+                     fields: Mapping[str, str] | None = None) -> dict[str, list[str]]:
     def as_text(value: Any) -> str:
         if value is None:
             return ""
         return str(value).strip() if strip else str(value)
 
-    out = {SOURCE: [as_text(v) for v in batch[src]]}
+    if fields:  # a template of several fields: the source is their values, as a JSON object
+        rows = range(len(batch[tgt]))
+        out = {SOURCE: [json.dumps({name: as_text(batch[column][i]) for name, column in fields.items()},
+                                   ensure_ascii=False) for i in rows]}
+    else:
+        out = {SOURCE: [as_text(v) for v in batch[src]]}
     if tgt is not None:
         out[TARGET] = [as_text(v) for v in batch[tgt]]
     return out
 
 
 def normalise_columns(
-    dataset: datasets.Dataset, src: str, tgt: str | None, origin: str, split: str
+    dataset: datasets.Dataset, src: str, tgt: str | None, origin: str, split: str,
+    fields: Mapping[str, str] | None = None,
 ) -> datasets.Dataset:
     """Map a raw split to canonical ``source``(/``target``) string columns and drop empty rows (logged).
 
@@ -102,6 +125,8 @@ def normalise_columns(
             whitespace such as blank lines is kept because it is part of the text stream).
         origin: Where the data came from, for messages.
         split: Split name, for messages.
+        fields: Template field -> data column, for a template of several fields: the source is then the JSON
+            object of their values (what :meth:`~skiptrain.text.prompt_format.PromptFormat.values` reads).
 
     Returns:
         A dataset with columns ``source`` (and ``target``).
@@ -113,7 +138,7 @@ def normalise_columns(
     dataset = dataset.map(
         _normalise_batch,
         batched=True,
-        fn_kwargs={"src": src, "tgt": tgt, "strip": not lm},
+        fn_kwargs={"src": src, "tgt": tgt, "strip": not lm, "fields": dict(fields or {})},
         remove_columns=dataset.column_names,
         desc=f"normalise {split}",
     )

@@ -14,6 +14,8 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import datasets
@@ -22,18 +24,51 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
-from skiptrain.data.columns import group_dataset_references, normalise_columns, resolve_columns
+from skiptrain.data.columns import (
+    group_dataset_references,
+    normalise_columns,
+    resolve_columns,
+    resolve_field_columns,
+)
 from skiptrain.data.loading import load_split
 from skiptrain.data.tokenized import tokenize_blocks, tokenize_pairs
 from skiptrain.errors import DataError, UsageError
 from skiptrain.modeling.loading import load_tokenizer, prepare_tokenizer
-from skiptrain.text.batch import Collator
-from skiptrain.text.encoding import encode_prompts
-from skiptrain.text.tasks import MetricKind, TaskSpec, get_task_spec, validate_template
+from skiptrain.text.batch import SOURCE, Collator
+from skiptrain.text.prompt_format import PromptFormat, PromptFormatError
+from skiptrain.text.tasks import TASKS, MetricKind, TaskSpec, get_task_spec, validate_template
 
 # --------------------------------------------------------------------------------------------------------------
 # LightningDataModule
 # --------------------------------------------------------------------------------------------------------------
+
+def prompt_format_of(
+    spec: TaskSpec, prompt_template: str | None, chat_template: bool = False, system_message: str | None = None,
+    max_source_tokens: int | None = None,
+) -> PromptFormat | None:
+    """The prompt format of a task configured with these data options (``None`` for plain language modelling).
+
+    Raises:
+        UsageError: naming the option, for a template without fields or with a repeated one, or a system message
+            without the chat template.
+    """
+    if spec.is_language_modeling:
+        return None
+    template = validate_template(prompt_template if prompt_template is not None else spec.prompt_template or "")
+    try:
+        return PromptFormat(template, chat_template, system_message, max_source_tokens)
+    except PromptFormatError as err:
+        raise UsageError(str(err)) from err
+
+
+def stored_prompt_format(data_hparams: Mapping[str, Any] | None) -> PromptFormat | None:
+    """The prompt format of a run from its data module's stored hyperparameters (``None`` when unknown)."""
+    if not data_hparams or data_hparams.get("task") not in TASKS:
+        return None
+    return prompt_format_of(get_task_spec(data_hparams["task"]), data_hparams.get("prompt_template"),
+                            bool(data_hparams.get("chat_template")), data_hparams.get("system_message"),
+                            data_hparams.get("max_source_tokens"))
+
 
 Role = Literal["train", "val", "test"]
 _STAGE_ROLES: dict[str | None, tuple[Role, ...]] = {
@@ -85,6 +120,8 @@ class SkipDataModule(L.LightningDataModule):
         source_column: str | None = None,
         target_column: str | None = None,
         prompt_template: str | None = None,
+        chat_template: bool = False,
+        system_message: str | None = None,
         max_source_tokens: int = 768,
         max_target_tokens: int = 128,
         block_size: int = 512,
@@ -113,7 +150,11 @@ class SkipDataModule(L.LightningDataModule):
             dataset_config: Dataset config name overriding the task default.
             source_column: Column with the source (or the text for ``text``); ``None`` = task default.
             target_column: Column with the target; ``None`` = task default.
-            prompt_template: Prompt with one ``{source}`` placeholder; ``None`` = task default.
+            prompt_template: Prompt with ``{source}`` (the source column) and/or ``{column}`` placeholders naming
+                other data columns, each once; ``None`` = task default.
+            chat_template: Make each prompt with the tokenizer's own ``apply_chat_template``: the filled template is
+                the user message, the generation prompt follows; targets are still the only labelled tokens.
+            system_message: A system message before the user message (with ``chat_template``).
             max_source_tokens: Maximum prompt length in tokens; the source is trimmed, never the template.
             max_target_tokens: Maximum target tokens (EOS is appended after them).
             block_size: Tokens per training block for the ``text`` task.
@@ -138,8 +179,8 @@ class SkipDataModule(L.LightningDataModule):
         ):
             if value < 1:
                 raise UsageError(f"{name} must be >= 1, got {value}")
-        template = prompt_template if prompt_template is not None else self.task_spec.prompt_template
-        self.prompt_template = None if self.task_spec.is_language_modeling else validate_template(template or "")
+        self.prompt_format = prompt_format_of(self.task_spec, prompt_template, chat_template, system_message,
+                                              max_source_tokens)
         self.tokenizer_name = tokenizer
         self.data_files = dict(data_files) if data_files is not None else None
         self.dataset_id = dataset_id or self.task_spec.dataset_id
@@ -176,6 +217,17 @@ class SkipDataModule(L.LightningDataModule):
         return self.task_spec.name
 
     @property
+    def prompt_template(self) -> str | None:
+        """The prompt template (``None`` for plain language modelling)."""
+        return None if self.prompt_format is None else self.prompt_format.template
+
+    def use_prompt_format(self, prompt_format: PromptFormat) -> None:
+        """Make prompts with ``prompt_format`` (e.g. the one an export records); clears already tokenised splits."""
+        self.prompt_format = dataclasses.replace(prompt_format, max_source_tokens=self.max_source_tokens)
+        self.datasets = {}
+        self._missing = set()
+
+    @property
     def metric(self) -> MetricKind | None:
         """Generation metric for this task: ``"rouge"``, ``"bleu"`` or ``None`` (perplexity only)."""
         return self.task_spec.metric
@@ -209,8 +261,9 @@ class SkipDataModule(L.LightningDataModule):
             UsageError: naming the limits and the context length, or the template.
             ModelError: for a tokenizer that cannot be used.
         """
-        if self.prompt_template is not None and (self._tokenizer is not None or self.tokenizer_name is not None):
-            encode_prompts(self.tokenizer, self.prompt_template, [""], self.max_source_tokens)  # the template fits
+        if self.prompt_format is not None and (self._tokenizer is not None or self.tokenizer_name is not None):
+            empty = {name: "" for name in self.prompt_format.fields}
+            self.prompt_format.encode(self.tokenizer, [empty])  # the template fits (and a chat template exists)
         if context_length is None:
             return
         if self.task_spec.is_language_modeling:
@@ -303,10 +356,17 @@ class SkipDataModule(L.LightningDataModule):
     def _build(self, role: Role) -> datasets.Dataset:
         split = self.split_names[role]
         raw, origin = load_split(split, self.data_files, self.dataset_id, self.dataset_config, seed=self.seed)
-        src, tgt = resolve_columns(
-            raw.column_names, self.task_spec, f"{origin} split {split!r}", self.source_column, self.target_column
-        )
-        data = normalise_columns(raw, src, tgt, origin, split)
+        where = f"{origin} split {split!r}"
+        fields = self.prompt_format.fields if self.prompt_format is not None else (SOURCE,)
+        if fields == (SOURCE,):
+            src, tgt = resolve_columns(raw.column_names, self.task_spec, where, self.source_column, self.target_column)
+            columns = None
+        else:
+            source = self.source_column or self.task_spec.source_column
+            src, tgt = resolve_columns(raw.column_names, self.task_spec, where,
+                                       source if SOURCE in fields else fields[0], self.target_column)
+            columns = resolve_field_columns(raw.column_names, fields, where, src)
+        data = normalise_columns(raw, src, tgt, origin, split, columns)
         tokenizer = self.tokenizer
         if self.task_spec.is_language_modeling:
             data = tokenize_blocks(data, tokenizer, self.block_size)
@@ -317,13 +377,13 @@ class SkipDataModule(L.LightningDataModule):
         if role == "train":
             data = self._subsample(data, self.max_train_samples, random=True)
             return tokenize_pairs(
-                data, tokenizer, self.prompt_template, self.max_source_tokens, self.max_target_tokens, keep_text=False
+                data, tokenizer, self.prompt_format, self.max_source_tokens, self.max_target_tokens, keep_text=False
             )
         if self.task_spec.multi_reference:
             data = group_dataset_references(data)
         data = self._subsample(data, self.max_eval_samples, random=False)
         return tokenize_pairs(
-            data, tokenizer, self.prompt_template, self.max_source_tokens, self.max_target_tokens, keep_text=True
+            data, tokenizer, self.prompt_format, self.max_source_tokens, self.max_target_tokens, keep_text=True
         )
 
     def _subsample(self, data: datasets.Dataset, limit: int | None, random: bool) -> datasets.Dataset:
@@ -334,4 +394,6 @@ class SkipDataModule(L.LightningDataModule):
         return data.select(range(limit))
 
 
-__all__ = ["EpochShuffleSampler", "SkipDataModule"]
+__all__ = [
+    "prompt_format_of",
+    "stored_prompt_format","EpochShuffleSampler", "SkipDataModule"]

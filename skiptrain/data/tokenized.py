@@ -10,10 +10,12 @@ import datasets
 from skiptrain.data.columns import TARGET
 from skiptrain.text.batch import PROMPT_IDS, REFERENCES, SOURCE, TARGET_IDS
 from skiptrain.text.encoding import encode_pairs, group_into_blocks
+from skiptrain.text.prompt_format import PromptFormat
 
 
 def _tokenize_pairs_batch(
-    batch: dict[str, list[Any]], tokenizer: Any, template: str, max_source_tokens: int, max_target_tokens: int
+    batch: dict[str, list[Any]], tokenizer: Any, template: str | PromptFormat, max_source_tokens: int,
+    max_target_tokens: int,
 ) -> dict[str, list[list[int]]]:
     prompt_ids, target_ids = encode_pairs(
         tokenizer, template, batch[SOURCE], batch[TARGET], max_source_tokens, max_target_tokens
@@ -30,7 +32,7 @@ def _tokenize_blocks_batch(batch: dict[str, list[Any]], tokenizer: Any, block_si
 def tokenize_pairs(
     dataset: datasets.Dataset,
     tokenizer: Any,
-    template: str,
+    template: str | PromptFormat,
     max_source_tokens: int,
     max_target_tokens: int,
     keep_text: bool,

@@ -10,6 +10,7 @@ from skiptrain.core.speedup import cost_summary
 from skiptrain.export.format import CONFIG_FILE, CONFIG_KEY, CUSTOM_GENERATE_FILE, SCHEDULE_FILE, TRAINING_CONFIG_FILE
 from skiptrain.export.record import NOT_RECORDED, ExportRecord
 from skiptrain.modeling.quantization import Quantization
+from skiptrain.text.prompt_format import PromptFormat
 
 TEMPLATE = Template(files("skiptrain.export").joinpath("model_card.md").read_text())
 
@@ -39,6 +40,8 @@ def model_card(record: ExportRecord, adapter_only: bool = False) -> str:
         family=schedule.family,
         params=json.dumps(schedule.params),
         trained=trained,
+        weights_from=record.checkpoint.describe() if record.checkpoint else NOT_RECORDED,
+        prompt_format=_describe_prompt_format(record.prompt_format),
         cost=cost_summary(schedule, [schedule.span]),
         producer=record.producer,
         description=schedule.describe(),
@@ -50,6 +53,16 @@ def model_card(record: ExportRecord, adapter_only: bool = False) -> str:
         custom_generate_file=CUSTOM_GENERATE_FILE,
         training_config_file=TRAINING_CONFIG_FILE,
     )
+
+
+def _describe_prompt_format(prompt_format: PromptFormat | None) -> str:
+    if prompt_format is None:
+        return f"{NOT_RECORDED} (prompts are used as given)"
+    chat = (" inside the tokenizer's chat template" + (" after a system message" if prompt_format.system_message
+                                                       else "")) if prompt_format.chat_template else ""
+    return (f"the template {json.dumps(prompt_format.template)}{chat}, fields {list(prompt_format.fields)}, at most "
+            f"{prompt_format.max_source_tokens} tokens (`prompt_format` in `{SCHEDULE_FILE}`); `skiptrain generate` "
+            "and the custom generate (`sources=`) apply it to bare sources")
 
 
 def _quantization_note(record: ExportRecord, adapter_only: bool) -> str:

@@ -24,6 +24,10 @@ full-depth one. One KV cache serves both: before verification every layer is cut
 before, so afterwards it holds full-depth keys and values for every column; a row's rejected columns are then
 masked as padding. skiptrain's own speculative decoder (``skiptrain.frontends.speculative``) runs the same
 :func:`speculate` loop.
+
+``generate(sources=[...], tokenizer=tokenizer)`` takes bare sources instead of ``input_ids``: the export's recorded
+prompt format (``skip_schedule.prompt_format``, applied by the shipped ``prompt_format.py``) makes from each the
+prompt ids that training made, left-padded.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from torch import nn
 from transformers import DynamicCache, GenerationMixin, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from .prompt_format import PromptFormat, Source
+
 CONFIG_KEY = "skip_schedule"
 FORMAT = "skiptrain.skip_schedule"
 SCHEMA_VERSION = 1
@@ -49,8 +55,17 @@ DECODER_LAYERS = {
     "llama": "model.layers",
     "mistral": "model.layers",
     "qwen2": "model.layers",
+    "qwen3": "model.layers",
+    "phi3": "model.layers",
     "opt": "model.decoder.layers",
     "gpt2": "transformer.h",
+}
+
+
+# model_type -> why the custom generate cannot decode it exactly (skiptrain's own generate can)
+UNSUPPORTED = {
+    "gemma2": "transformers sizes each call's global-attention mask by the first global layer, whose cache the "
+              "schedule can leave short",
 }
 
 
@@ -93,6 +108,10 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     Raises:
         SkipScheduleError: naming the ``model_type`` and the supported ones.
     """
+    if model.config.model_type in UNSUPPORTED:
+        raise SkipScheduleError(f"model_type={model.config.model_type!r} is not supported by the skip schedule's "
+                                f"custom generate: {UNSUPPORTED[model.config.model_type]}; decode with skiptrain "
+                                "generate")
     path = DECODER_LAYERS.get(model.config.model_type)
     if path is None:
         raise SkipScheduleError(f"model_type={model.config.model_type!r} is not supported by the skip schedule's "
@@ -208,12 +227,33 @@ def _prompt(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
     raise SkipScheduleError("generate() under the skip schedule needs the prompt: pass input_ids (or inputs_embeds)")
 
 
-def generate(*args: Any, model: nn.Module, speculative_tokens: int = 0, **kwargs: Any) -> Any:
+def encode_sources(model: nn.Module, sources: Sequence[Source], tokenizer: Any) -> dict[str, torch.Tensor]:
+    """Left-padded ``input_ids`` and ``attention_mask`` of bare sources under the export's recorded prompt format.
+
+    Raises:
+        SkipScheduleError: when the export records no prompt format or no tokenizer is given.
+    """
+    recorded = (getattr(model.config, CONFIG_KEY, None) or {}).get("prompt_format")
+    if recorded is None:
+        raise SkipScheduleError(f"sources= needs config.json {CONFIG_KEY}.prompt_format: this export records no "
+                                "prompt format; pass the prompts' input_ids instead")
+    if tokenizer is None:
+        raise SkipScheduleError("sources= needs tokenizer=: the export's tokenizer makes the prompts")
+    rows = PromptFormat.from_dict(recorded).encode(tokenizer, sources)[1]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[pad] * (width - len(row)) + row for row in rows], device=model.device)
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], device=model.device)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def generate(*args: Any, model: nn.Module, sources: Sequence[Source] | None = None, speculative_tokens: int = 0,
+             **kwargs: Any) -> Any:
     """transformers' ``generate`` with every decoder layer run only for the columns whose executed set holds it.
 
-    Takes (besides ``model``, which transformers passes by keyword) and returns exactly what
-    ``GenerationMixin.generate`` does. Prompts must be left-padded (every row's prompt ends at the last input
-    column) and decoding must start from an empty cache.
+    Takes (besides ``model``, which transformers passes by keyword, and ``sources``, see :func:`encode_sources`)
+    and returns exactly what ``GenerationMixin.generate`` does. Prompts must be left-padded (every row's prompt
+    ends at the last input column) and decoding must start from an empty cache.
 
     With ``speculative_tokens=K >= 1`` the output is full-depth decoding's, drafted K tokens at a time under the
     schedule (:func:`speculative_generate`).
@@ -222,6 +262,10 @@ def generate(*args: Any, model: nn.Module, speculative_tokens: int = 0, **kwargs
         SkipScheduleError: for a malformed schedule, an unsupported family, right padding, a non-empty cache passed
             in, or a forward call whose columns need different layer sets.
     """
+    if sources is not None:
+        if args or any(kwargs.get(name) is not None for name in ("inputs", "input_ids", "inputs_embeds")):
+            raise SkipScheduleError("generate() got sources= and prompt ids: allowed one of them")
+        kwargs.update(encode_sources(model, sources, kwargs.get("tokenizer")))
     prompt = _prompt(args, kwargs)
     mask = kwargs.get("attention_mask")
     if mask is not None and not bool(mask[:, -1].all()):
@@ -509,7 +553,8 @@ class GatedSteps:
 
 
 SPECULATIVE_OPTIONS = {"input_ids", "inputs", "attention_mask", "max_new_tokens", "do_sample", "temperature", "top_k",
-                       "top_p", "eos_token_id", "pad_token_id", "use_cache", "trust_remote_code", "custom_generate"}
+                       "top_p", "eos_token_id", "pad_token_id", "use_cache", "trust_remote_code", "custom_generate",
+                       "tokenizer"}
 """What ``generate(speculative_tokens=K)`` accepts; other options (beam search, processors, streamers) are refused."""
 
 

@@ -35,6 +35,7 @@ ADAPTER_CONFIG_FILE = "adapter_config.json"
 TRAINING_CONFIG_FILE = "training_config.yaml"
 MODEL_CARD_FILE = "README.md"
 CUSTOM_GENERATE_FILE = "custom_generate/generate.py"
+PROMPT_FORMAT_FILE = "prompt_format.py"  # beside CUSTOM_GENERATE_FILE, which imports it
 UNRECORDED_TRAINING_CONFIG = f"# training config: {NOT_RECORDED}\n"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 """Vocabulary files, one of which every tokenizer's ``save_pretrained`` writes."""

@@ -5,19 +5,23 @@ One typed record is written by :func:`~skiptrain.export.write.write_export`, rea
 spread over the export's files, whose formats are the export contract:
 
 - ``skip_schedule.json``: the schedule (:meth:`~skiptrain.core.schedules.SkipSchedule.to_dict`) plus ``producer``,
-  ``trained_with_schedule``, ``base_model`` and ``base_quantization`` (:meth:`ExportRecord.schedule_json`);
+  ``trained_with_schedule``, ``base_model``, ``base_quantization`` and, when known, ``checkpoint``
+  (:class:`ExportedCheckpoint`) and ``prompt_format`` (:class:`~skiptrain.text.prompt_format.PromptFormat`)
+  (:meth:`ExportRecord.schedule_json`);
 - ``training_config.yaml``: :attr:`ExportRecord.training_config`;
 - ``README.md``: all of it, for people (task and validation metrics are written there only).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, Literal
 
 from skiptrain.core.schedules import SkipSchedule
+from skiptrain.text.prompt_format import PromptFormat
 
 NOT_RECORDED = "not recorded"
 
@@ -28,6 +32,47 @@ def producer() -> str:
         return f"skiptrain {version('skiptrain')}"
     except PackageNotFoundError:  # running from a source tree that is not installed
         return "skiptrain unknown"
+
+
+Which = Literal["best", "last"]
+"""Which weights of a fit run are exported: the checkpoint ``ModelCheckpoint(monitor=...)`` chose, or the last."""
+
+
+@dataclass(frozen=True)
+class ExportedCheckpoint:
+    """Which weights of a run an export holds.
+
+    Args:
+        which: ``best``: the checkpoint ``ModelCheckpoint`` kept as best by ``monitor``; ``last``: the weights fit
+            ended with.
+        step: The optimizer step of those weights.
+        monitor: The monitored metric (``best`` only).
+        score: Its value at ``step`` (``best`` only).
+    """
+
+    which: Which
+    step: int
+    monitor: str | None = None
+    score: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``checkpoint`` object of ``skip_schedule.json``."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ExportedCheckpoint | None:
+        """The inverse of :meth:`to_dict`; ``None`` for an export that does not record it."""
+        if not isinstance(data, Mapping) or data.get("which") not in ("best", "last"):
+            return None
+        score = data.get("score")
+        return cls(data["which"], int(data.get("step") or 0), data.get("monitor"),
+                   None if score is None else float(score))
+
+    def describe(self) -> str:
+        """One line for the model card."""
+        if self.which == "best":
+            return f"the best checkpoint by `{self.monitor}` ({self.score:.4g}), at step {self.step}"
+        return f"the last weights of the run, at step {self.step}"
 
 
 @dataclass(frozen=True)
@@ -47,6 +92,9 @@ class ExportRecord:
         producer: The skiptrain that wrote the export (``write_export`` sets it to this one).
         base_quantization: For a QLoRA run, the ``model.quantization`` settings of the base the adapters were
             trained on (``bits``, ``type``, ``double_quant``, ``compute_dtype``); ``None`` for a full-precision base.
+        checkpoint: Which weights of the run were exported, when a fit run is known.
+        prompt_format: How the run made prompts from sources, when it trained on prompt/target pairs: inference
+            front-ends apply it to bare sources.
     """
 
     base_model: str | None
@@ -58,14 +106,20 @@ class ExportRecord:
     schedule: SkipSchedule | None = None
     producer: str | None = field(default_factory=producer)
     base_quantization: dict[str, Any] | None = None
+    checkpoint: ExportedCheckpoint | None = None
+    prompt_format: PromptFormat | None = None
 
     def schedule_json(self) -> str:
         """The text of ``skip_schedule.json``: the schedule's keys, then ``producer``, ``trained_with_schedule``
         and ``base_model``."""
         if self.schedule is None:
             raise ValueError("schedule=None is invalid for skip_schedule.json: allowed a SkipSchedule")
+        extra: dict[str, Any] = {} if self.checkpoint is None else {"checkpoint": self.checkpoint.to_dict()}
+        if self.prompt_format is not None:
+            extra["prompt_format"] = self.prompt_format.to_dict()
         return self.schedule.to_json(producer=self.producer, trained_with_schedule=self.trained_with_schedule,
-                                     base_model=self.base_model, base_quantization=self.base_quantization)
+                                     base_model=self.base_model, base_quantization=self.base_quantization,
+                                     **extra)
 
     @classmethod
     def from_schedule_file(
@@ -82,7 +136,9 @@ class ExportRecord:
             schedule=schedule,
             producer=data.get("producer"),
             base_quantization=data.get("base_quantization"),
+            checkpoint=ExportedCheckpoint.from_dict(data.get("checkpoint")),
+            prompt_format=PromptFormat.from_dict(data["prompt_format"]) if data.get("prompt_format") else None,
         )
 
 
-__all__ = ["NOT_RECORDED", "ExportRecord", "producer"]
+__all__ = ["NOT_RECORDED", "ExportRecord", "ExportedCheckpoint", "Which", "producer"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import json
 import os
 import shutil
@@ -30,6 +31,7 @@ from skiptrain.export.format import (
     CONFIG_KEY,
     CUSTOM_GENERATE_FILE,
     MODEL_CARD_FILE,
+    PROMPT_FORMAT_FILE,
     SCHEDULE_FILE,
     TRAINING_CONFIG_FILE,
     UNRECORDED_TRAINING_CONFIG,
@@ -39,6 +41,7 @@ from skiptrain.export.format import (
 from skiptrain.export.record import ExportRecord, producer
 from skiptrain.export.verify import check_exported_adapter, verify_export
 from skiptrain.modeling.quantization import is_quantized, merge_into_dequantized
+from skiptrain.text.prompt_format import PromptFormat
 
 
 def merged_model(model: nn.Module, in_place: bool = False) -> nn.Module:
@@ -81,11 +84,13 @@ def _write_record(directory: Path, record: ExportRecord, adapter_only: bool) -> 
 
 
 def write_custom_generate(directory: str | os.PathLike) -> Path:
-    """Ship :mod:`skiptrain.export.custom_generate` as ``custom_generate/generate.py``: transformers' ``generate()``
-    with ``trust_remote_code=True`` then decodes under the ``config.json`` schedule, without skiptrain installed."""
+    """Ship :mod:`skiptrain.export.custom_generate` as ``custom_generate/generate.py``, and beside it
+    :mod:`skiptrain.text.prompt_format` which it imports: transformers' ``generate()`` with ``trust_remote_code=True``
+    then decodes under the ``config.json`` schedule, without skiptrain installed."""
     target = Path(directory) / CUSTOM_GENERATE_FILE
     target.parent.mkdir(exist_ok=True)
     shutil.copyfile(custom_generate.__file__, target)
+    shutil.copyfile(inspect.getfile(PromptFormat), target.parent / PROMPT_FORMAT_FILE)
     return target
 
 

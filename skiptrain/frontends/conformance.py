@@ -27,8 +27,9 @@ from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.errors import InputError, UsageError
 from skiptrain.export.format import SCHEDULE_FILE
 from skiptrain.export.record import producer
-from skiptrain.frontends.inference import prompt_batches
+from skiptrain.frontends.inference import RAW, prompt_batches, prompt_text
 from skiptrain.modeling.generation import generate
+from skiptrain.text.prompt_format import PromptFormat, Source
 
 FORMAT = "skiptrain.conformance"
 VERSION = 1
@@ -54,7 +55,7 @@ def write_vectors(
     model: nn.Module,
     tokenizer: Any,
     schedule: SkipSchedule,
-    prompts: Sequence[str],
+    prompts: Sequence[Source],
     path: str | os.PathLike,
     max_new_tokens: int,
     batch_size: int = 8,
@@ -63,11 +64,14 @@ def write_vectors(
     device: torch.device | str = "cpu",
     context: Callable[[], AbstractContextManager] = nullcontext,
     lossless: bool = False,
+    prompt_format: PromptFormat = RAW,
 ) -> dict[str, Any]:
     """Decode ``prompts`` with the reference decoder and write the test vectors to ``path`` (one JSON object).
 
-    With ``lossless``, the reference decodes at full depth: vectors for a speculative implementation that drafts
-    under ``schedule``, whose output must be the full-depth output.
+    The prompts are made by ``prompt_format`` (an export's recorded format, or raw), so each case's
+    ``prompt_token_ids`` are what training made from that source. With ``lossless``, the reference decodes at full
+    depth: vectors for a speculative implementation that drafts under ``schedule``, whose output must be the
+    full-depth output.
 
     Returns:
         The written object: ``format``, ``version``, ``producer``, ``skip_schedule`` (the schedule's layer lists),
@@ -78,7 +82,7 @@ def write_vectors(
     check_vector_options(top, margin)
     cases: list[dict[str, Any]] = []
     reference = Dense().build(schedule.num_layers) if lossless else schedule
-    for batch in prompt_batches(tokenizer, prompts, batch_size):
+    for batch in prompt_batches(tokenizer, prompts, batch_size, prompt_format):
         ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)
         with context():
             out = generate(model, ids, mask, reference, max_new_tokens=max_new_tokens,
@@ -88,7 +92,7 @@ def write_vectors(
             case = len(cases)
             cases.append({
                 "id": case,
-                "prompt": prompts[case],
+                "prompt": prompt_text(prompts[case]),
                 "prompt_token_ids": ids[row][mask[row].bool()].tolist(),
                 "token_ids": out.tokens[row].tolist(),
                 "top_logits": [[[t, v] for t, v in zip(tokens, values, strict=True)]

@@ -1,10 +1,11 @@
 """Batched completion of raw prompts with the skip-aware front-end, and what it costs (``skiptrain generate``).
 
-Prompts are read (:func:`read_prompts`), tokenised as training tokenises prompts
-(:func:`~skiptrain.text.encoding.tokenize_prompts`), left-padded per batch by the batch contract
-(:func:`~skiptrain.text.batch.collate_prompts`) and decoded by :func:`~skiptrain.modeling.generation.generate`. The
-cost is reported in :class:`DecodeStats`: wall time, and the mean executed decoder layers and ideal speedup over the
-tokens actually generated (:mod:`skiptrain.core.speedup`). The speed comparison with dense decoding
+Prompts are read (:func:`read_prompts`), made into prompt ids by the run's prompt format as training made them
+(:class:`~skiptrain.text.prompt_format.PromptFormat`; raw prompts are used as given), left-padded per batch by the
+batch contract (:func:`~skiptrain.text.batch.collate_prompts`) and decoded by
+:func:`~skiptrain.modeling.generation.generate`. The cost is reported in :class:`DecodeStats`: wall time, and the mean
+executed decoder layers and ideal speedup over the tokens actually generated (:mod:`skiptrain.core.speedup`). The
+speed comparison with dense decoding
 (:class:`SpeedComparison`) times both at equal work, every prompt decoded for ``max_new_tokens`` tokens whatever
 its end-of-sequence token, and holds the measured speedup against the parameter-read limit. This module needs no
 data pipeline (``datasets``).
@@ -12,6 +13,7 @@ data pipeline (``datasets``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -34,22 +36,28 @@ from skiptrain.modeling.architectures import decoder_parts
 from skiptrain.modeling.generation import SamplingConfig, generate
 from skiptrain.text.batch import collate_prompts
 from skiptrain.text.encoding import tokenize_prompts
+from skiptrain.text.prompt_format import PromptFormat, Source
 
 STDIO = "-"
+RAW = PromptFormat()
+"""Prompts used as given (``--raw_prompts true``, or a model that records no prompt format)."""
 WARM_UP_TOKENS = 2
 DENSE_STEP_TOKENS = 16
 """Full-depth steps timed to measure a draft step's relative cost (``--speculative``)."""
 
 
 # -- prompts ---------------------------------------------------------------------------------------------------------
-def read_prompts(path: str, stdin: TextIO | None = None) -> list[str]:
-    """Prompts from a ``.jsonl`` file (a ``prompt`` field per line), a text file (one prompt per line) or stdin.
+def read_prompts(path: str, stdin: TextIO | None = None) -> list[Source]:
+    """Prompts from a ``.jsonl`` file, a text file (one prompt per line) or stdin.
 
-    Stdin (``path == "-"``) is read as JSON lines when its first non-blank line starts with ``{``, else as text.
+    A JSON line holds a ``prompt`` string (a bare source for the run's template, or the whole prompt with raw
+    prompts) or, for a template of several fields, a ``template`` object of the field values, e.g.
+    ``{"template": {"name": "The Eagle", "area": "riverside"}}``. Stdin (``path == "-"``) is read as JSON lines
+    when its first non-blank line starts with ``{``, else as text.
 
     Raises:
         PromptError: for a missing or unreadable file, and naming the line of a malformed JSON line, a line without a
-            string ``prompt``, or an empty prompt.
+            string ``prompt`` or an object ``template``, or an empty prompt.
     """
     if path == STDIO:
         text, origin = (stdin or sys.stdin).read(), "stdin"
@@ -63,49 +71,62 @@ def read_prompts(path: str, stdin: TextIO | None = None) -> list[str]:
         except (OSError, UnicodeDecodeError) as err:
             raise PromptError(f"{origin} cannot be read as UTF-8 text ({err}): give a .jsonl or text file") from err
         as_json = Path(path).suffix.lower() in (".jsonl", ".json")
-    prompts = []
+    prompts: list[Source] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+        prompt: Source = line
         if as_json:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise PromptError(f"{origin} line {number}: not valid JSON: {err}") from err
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise PromptError(f"{origin} line {number}: expected an object with a string 'prompt' field")
-            line = record["prompt"]
-        if not line.strip():
+            if isinstance(record, dict) and isinstance(record.get("template"), dict):
+                prompt = {str(k): str(v) for k, v in record["template"].items()}
+            elif isinstance(record, dict) and isinstance(record.get("prompt"), str):
+                prompt = record["prompt"]
+            else:
+                raise PromptError(f"{origin} line {number}: expected an object with a string 'prompt' field or a "
+                                  "'template' object of field values")
+        if isinstance(prompt, str) and not prompt.strip():
             raise PromptError(f"{origin} line {number}: empty prompt")
-        prompts.append(line)
+        prompts.append(prompt)
     if not prompts:
         raise PromptError(f"{origin}: no prompts")
     return prompts
+
+
+def prompt_text(prompt: Source) -> str:
+    """A prompt as a line of text: a string as it is, the fields of a ``template`` object as their JSON object."""
+    return prompt if isinstance(prompt, str) else json.dumps(dict(prompt), ensure_ascii=False)
 
 
 LongPrompts = Literal["refuse", "truncate"]
 
 
 def fit_prompts(
-    tokenizer: Any, prompts: Sequence[str], context_length: int | None, max_new_tokens: int,
-    long_prompts: LongPrompts = "refuse",
-) -> list[str]:
-    """Prompts that leave room for ``max_new_tokens`` in the model's ``context_length`` (``None``: no limit).
+    tokenizer: Any, prompts: Sequence[Source], context_length: int | None, max_new_tokens: int,
+    long_prompts: LongPrompts = "refuse", prompt_format: PromptFormat = RAW,
+) -> tuple[list[Source], PromptFormat]:
+    """Prompts, and the prompt format to make them with, that leave room for ``max_new_tokens`` in the model's
+    ``context_length`` (``None``: no limit).
 
-    A longer prompt is refused, or with ``long_prompts="truncate"`` cut to its last tokens that fit, with a warning.
+    A longer prompt is refused, or with ``long_prompts="truncate"`` shortened with a warning: a raw prompt to its last
+    tokens that fit, a prompt made by a template by trimming its source further (the format's ``max_source_tokens``
+    is lowered), never the template.
 
     Raises:
         UsageError: for ``max_new_tokens`` that alone fill the context.
         PromptError: naming the first prompt that does not fit (``long_prompts="refuse"``).
     """
     if context_length is None:
-        return list(prompts)
+        return list(prompts), prompt_format
     budget = context_length - max_new_tokens
     if budget < 1:
         raise UsageError(f"max_new_tokens={max_new_tokens} is invalid for a model whose context length is "
                          f"{context_length} tokens: allowed 1 <= max_new_tokens < {context_length}")
     fitted = list(prompts)
-    for number, ids in enumerate(tokenize_prompts(tokenizer, prompts), start=1):
+    for number, ids in enumerate(prompt_format.encode(tokenizer, prompts)[1], start=1):
         if len(ids) <= budget:
             continue
         if long_prompts != "truncate":
@@ -114,10 +135,15 @@ def fit_prompts(
                 f"model's context length of {context_length} tokens: shorten it, lower --max_new_tokens, or pass "
                 "--long_prompts truncate to keep its last tokens"
             )
-        fitted[number - 1] = _prompt_tail(tokenizer, prompts[number - 1], budget)
-        rank_zero_warn(f"skiptrain generate: prompt {number} has {len(ids)} tokens; truncated to its last "
-                       f"{budget} or fewer so that max_new_tokens={max_new_tokens} fit the context of {context_length}")
-    return fitted
+        kept = "its last" if prompt_format.is_raw else "its source trimmed to"
+        rank_zero_warn(f"skiptrain generate: prompt {number} has {len(ids)} tokens; truncated to {kept} {budget} or "
+                       f"fewer so that max_new_tokens={max_new_tokens} fit the context of {context_length}")
+        if prompt_format.is_raw:
+            fitted[number - 1] = _prompt_tail(tokenizer, prompts[number - 1], budget)
+        else:
+            limit = min(prompt_format.max_source_tokens or budget, budget)
+            prompt_format = dataclasses.replace(prompt_format, max_source_tokens=limit)
+    return fitted, prompt_format
 
 
 def _prompt_tail(tokenizer: Any, prompt: str, budget: int) -> str:
@@ -136,14 +162,16 @@ def check_batch_size(batch_size: int) -> None:
         raise UsageError(f"batch_size={batch_size} is invalid: allowed >= 1")
 
 
-def prompt_batches(tokenizer: Any, prompts: Sequence[str], batch_size: int) -> Iterator[dict[str, Any]]:
-    """Batches of ``batch_size`` raw prompts, tokenised and left-padded as training batches hold prompts.
+def prompt_batches(tokenizer: Any, prompts: Sequence[Source], batch_size: int, prompt_format: PromptFormat = RAW
+                   ) -> Iterator[dict[str, Any]]:
+    """Batches of ``batch_size`` prompts made by ``prompt_format`` (raw by default), left-padded as training batches
+    hold prompts.
 
     Raises:
         ValueError: If ``batch_size < 1``.
     """
     check_batch_size(batch_size)
-    prompt_ids = tokenize_prompts(tokenizer, prompts)
+    prompt_ids = prompt_format.encode(tokenizer, prompts)[1]
     for start in range(0, len(prompt_ids), batch_size):
         yield collate_prompts(prompt_ids[start:start + batch_size], tokenizer.pad_token_id)
 
@@ -154,6 +182,7 @@ class Completion:
     """One generated completion (a line of ``generate``'s JSON-lines output)."""
 
     prompt: str
+    """The prompt as given: a source, a raw prompt, or the JSON object of a ``template`` line's fields."""
     completion: str
     num_tokens: int
     """Generated tokens, the end-of-sequence token included."""
@@ -203,7 +232,7 @@ def complete(
     model: nn.Module,
     tokenizer: Any,
     schedule: SkipSchedule,
-    prompts: Sequence[str],
+    prompts: Sequence[Source],
     max_new_tokens: int,
     batch_size: int = 8,
     sampling: SamplingConfig | None = None,
@@ -211,11 +240,13 @@ def complete(
     context: Callable[[], AbstractContextManager] = nullcontext,
     stop_at_eos: bool = True,
     speculative: int = 0,
+    prompt_format: PromptFormat = RAW,
 ) -> tuple[list[Completion], DecodeStats]:
     """Generate completions of ``prompts`` in batches of ``batch_size`` with the skip-aware front-end.
 
-    Batches come from :func:`prompt_batches`; decoding is :func:`~skiptrain.modeling.generation.generate`, inside a
-    fresh ``context()`` per batch (e.g. the precision plugin's autocast). With ``stop_at_eos=False`` every prompt gets
+    Batches come from :func:`prompt_batches` (prompts made by ``prompt_format``); decoding is
+    :func:`~skiptrain.modeling.generation.generate`, inside a fresh ``context()`` per batch (e.g. the precision
+    plugin's autocast). With ``stop_at_eos=False`` every prompt gets
     ``max_new_tokens`` tokens (equal work, for timing).
 
     Returns:
@@ -223,7 +254,7 @@ def complete(
     """
     completions: list[Completion] = []
     seconds, speculation, step_seconds = 0.0, SpeculationStats(), StepSeconds()
-    for batch in prompt_batches(tokenizer, prompts, batch_size):
+    for batch in prompt_batches(tokenizer, prompts, batch_size, prompt_format):
         ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)
         settings = dict(max_new_tokens=max_new_tokens, sampling=sampling, pad_token_id=tokenizer.pad_token_id,
                         eos_token_id=tokenizer.eos_token_id if stop_at_eos else None)
@@ -239,7 +270,7 @@ def complete(
         seconds += time.perf_counter() - started
         rows = zip(out.tokens.tolist(), out.lengths.tolist(), out.texts(tokenizer), strict=True)
         for row, n, text in rows:
-            completions.append(Completion(prompts[len(completions)], text, n, row[:n]))  # batches keep order
+            completions.append(Completion(prompt_text(prompts[len(completions)]), text, n, row[:n]))  # in order
     stats = DecodeStats(schedule, tuple(c.num_tokens for c in completions), seconds,
                         *((speculation, step_seconds) if speculative else ()))
     return completions, stats
@@ -289,13 +320,13 @@ class SpeedComparison:
 
 
 def compare_speed(
-    model: nn.Module, tokenizer: Any, schedule: SkipSchedule, prompts: Sequence[str], max_new_tokens: int,
+    model: nn.Module, tokenizer: Any, schedule: SkipSchedule, prompts: Sequence[Source], max_new_tokens: int,
     **settings: Any,
 ) -> SpeedComparison:
     """Time ``prompts`` under ``schedule`` and densely, ``max_new_tokens`` tokens per prompt in both.
 
     Args:
-        settings: ``batch_size``, ``sampling``, ``device``, ``context`` of :func:`complete`.
+        settings: ``batch_size``, ``sampling``, ``device``, ``context``, ``prompt_format`` of :func:`complete`.
     """
     skip, dense = (complete(model, tokenizer, used, prompts, max_new_tokens, stop_at_eos=False, **settings)[1]
                    for used in (schedule, Dense().build(schedule.num_layers)))
@@ -383,15 +414,16 @@ class GenerationReport:
 
 
 def dense_step_seconds(
-    model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, batch_size: int = 8,
+    model: nn.Module, tokenizer: Any, prompts: Sequence[Source], max_new_tokens: int, batch_size: int = 8,
     sampling: SamplingConfig | None = None, device: torch.device | str = "cpu",
-    context: Callable[[], AbstractContextManager] = nullcontext,
+    context: Callable[[], AbstractContextManager] = nullcontext, prompt_format: PromptFormat = RAW,
 ) -> float:
-    """Wall time of one full-depth decode step over the first batch of ``prompts`` (end-of-sequence ignored).
+    """Wall time of one full-depth decode step over the first batch of ``prompts`` (end-of-sequence ignored), their
+    prompts made by ``prompt_format``.
 
     Timed as speculative decoding without drafts, whose every verification is one full-depth column.
     """
-    batch = next(prompt_batches(tokenizer, prompts, batch_size))
+    batch = next(prompt_batches(tokenizer, prompts, batch_size, prompt_format))
     ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)
     with context():
         out = speculative_generate(model, ids, mask, Dense().build(decoder_parts(model).num_layers),
@@ -403,7 +435,7 @@ def generate_report(
     model: nn.Module,
     tokenizer: Any,
     schedule: SkipSchedule,
-    prompts: Sequence[str],
+    prompts: Sequence[Source],
     *,
     max_new_tokens: int,
     dense: bool = False,
@@ -424,7 +456,7 @@ def generate_report(
             with ``speculative``, decode them at full depth, the same output, and report the measured speedup.
         speculative: K >= 1: the full-depth output, K tokens drafted under ``schedule`` per verification, with
             what was accepted and what it cost (:class:`SpeculationReport`); 0: off.
-        settings: ``batch_size``, ``sampling``, ``device``, ``context`` of :func:`complete`.
+        settings: ``batch_size``, ``sampling``, ``device``, ``context``, ``prompt_format`` of :func:`complete`.
     """
     used = Dense().build(schedule.num_layers) if dense else schedule
     complete(model, tokenizer, used, prompts[:1], WARM_UP_TOKENS, speculative=min(speculative, 1), **settings)
@@ -466,6 +498,7 @@ __all__ = [
     "generate_report",
     "parameter_counts",
     "prompt_batches",
+    "prompt_text",
     "read_prompts",
     "write_completions",
 ]

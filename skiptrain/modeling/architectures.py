@@ -10,6 +10,7 @@ also names the default LoRA targets. Everything else (attention, caches, masks, 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,9 @@ from transformers.pytorch_utils import Conv1D
 from skiptrain.errors import ModelError, UsageError
 
 SUPPORTED_ATTENTION = ("eager", "sdpa")
+MIXTURE_OF_EXPERTS = ("mixtral", "qwen2_moe", "qwen3_moe", "phimoe", "olmoe", "deepseek_v2", "deepseek_v3",
+                      "dbrx", "granitemoe", "jamba", "gpt_oss", "llama4")
+"""Mixture-of-experts architectures, refused by name: not supported yet."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,8 @@ class Architecture:
             states; each tensor (or tuple of tensors) is indexed by column along dim 1.
         final: ``(decoder, hidden) -> hidden`` after the last layer, before the LM head.
         lora_targets: The default LoRA target modules: the attention projections.
+        attention: The attention implementations the architecture supports (the first is used when the requested
+            one is not among them).
     """
 
     decoder_path: str
@@ -45,6 +51,7 @@ class Architecture:
     column_inputs: Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, Any]]
     final: Callable[[nn.Module, torch.Tensor], torch.Tensor]
     lora_targets: tuple[str, ...]
+    attention: tuple[str, ...] = SUPPORTED_ATTENTION
 
     @property
     def layers_path(self) -> str:
@@ -82,6 +89,12 @@ ARCHITECTURES: dict[str, Architecture] = {
     "llama": _LLAMA_LAYOUT,  # Llama 2/3, SmolLM/SmolLM2, TinyLlama
     "mistral": _LLAMA_LAYOUT,
     "qwen2": _LLAMA_LAYOUT,
+    "qwen3": _LLAMA_LAYOUT,  # its q/k norms are inside the attention, the model's own code
+    # Gemma 2: the embedding scales itself, layer_types alternate sliding and global layers (masks per layer, see
+    # DecoderParts.layer_masks), attention logits are soft-capped inside the attention, which sdpa cannot do, and
+    # final logits are soft-capped after the LM head (DecoderParts.logits).
+    "gemma2": dataclasses.replace(_LLAMA_LAYOUT, attention=("eager",)),
+    "phi3": dataclasses.replace(_LLAMA_LAYOUT, lora_targets=("qkv_proj", "o_proj")),  # fused q/k/v projection
     "opt": Architecture(
         decoder_path="model.decoder",
         layers_attr="layers",
@@ -109,6 +122,9 @@ def architecture(model_type: str) -> Architecture:
     Raises:
         ModelError: for an architecture the table lacks, naming the supported ones.
     """
+    if model_type in MIXTURE_OF_EXPERTS:
+        raise ModelError(f"model_type={model_type!r} is a mixture-of-experts model, which the skip-aware forward does "
+                         f"not support yet: allowed {sorted(ARCHITECTURES)}")
     found = ARCHITECTURES.get(model_type)
     if found is None:
         raise ModelError(
@@ -151,6 +167,12 @@ class DecoderParts:
     def num_layers(self) -> int:
         return len(self.layers)
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on final hidden states, with the config's final logit soft-capping (Gemma 2) if it has one."""
+        logits = self.lm_head(hidden)
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
     def layer_masks(
         self,
         hidden: torch.Tensor,
@@ -174,10 +196,29 @@ class DecoderParts:
                 attention_mask=attention_mask,
                 cache=cache,
                 position_ids=position_ids,
+                layer_idx=_deepest_cache(cache, [i for i, k in enumerate(kinds) if k == kind]),
             )
             for kind in set(kinds)
         }
         return [made[kind] for kind in kinds]
+
+
+def _deepest_cache(cache: Any, layers: list[int]) -> int | None:
+    """Of ``layers``, one whose cache holds every earlier column: the mask's key length is read from it.
+
+    transformers reads it from the first layer of a kind, but under a schedule that layer may have been skipped
+    (its cache ends early, e.g. Gemma 2's first global layer); every layer that still runs has the longest cache.
+    """
+    if cache is None:
+        return None
+    return max(layers, key=lambda i: cache.layers[i].get_seq_length())
+
+
+def attention_for(model_type: str, requested: str) -> str:
+    """``requested`` if the architecture supports it, else the one it prefers (Gemma 2: eager), so that the default
+    ``sdpa`` loads every architecture; an architecture the table lacks keeps ``requested``."""
+    found = ARCHITECTURES.get(model_type)
+    return requested if found is None or requested in found.attention else found.attention[0]
 
 
 def decoder_parts(model: nn.Module) -> DecoderParts:
@@ -191,10 +232,10 @@ def decoder_parts(model: nn.Module) -> DecoderParts:
     config = base.config
     found = architecture(config.model_type)
     attention = config._attn_implementation
-    if attention not in SUPPORTED_ATTENTION:
+    if attention not in found.attention:
         raise UsageError(
-            f"attn_implementation={attention!r} is not supported by the skip-aware forward: "
-            f"allowed {list(SUPPORTED_ATTENTION)}"
+            f"attn_implementation={attention!r} is not supported by the skip-aware forward for "
+            f"model_type={config.model_type!r}: allowed {list(found.attention)}"
         )
     if getattr(config, "layerdrop", 0.0) and base.training:
         raise ModelError(

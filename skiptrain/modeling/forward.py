@@ -142,4 +142,5 @@ def skip_forward(
     """
     parts = decoder_parts(model)
     hidden = skip_hidden_states(model, input_ids, attention_mask, schedule, prompt_length, cache, parts)
-    return parts.lm_head(hidden)
+    return parts.logits(hidden)
+

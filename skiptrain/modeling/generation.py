@@ -126,7 +126,7 @@ def generate(
     new_ids, mask = input_ids, attention_mask
     for _ in range(max_new_tokens):
         hidden = skip_hidden_states(model, new_ids, mask, schedule, prompt_length, cache, parts)  # [B, q, H]
-        logits = parts.lm_head(hidden[:, -1]).float()  # [B, vocab]
+        logits = parts.logits(hidden[:, -1]).float()  # [B, vocab]
         if return_logits:
             step_logits.append(logits)
         if warpers:  # transformers' warpers take the sequence so far; greedy decoding needs none of it

@@ -28,6 +28,7 @@ from transformers import (
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from skiptrain.errors import ModelError
+from skiptrain.modeling.architectures import attention_for
 
 # Short names for models that ship inside a Python package, so they load with no network.
 BUNDLED_MODELS: dict[str, tuple[str, str]] = {
@@ -134,7 +135,8 @@ def load_causal_lm(
     dtype: torch.dtype | None = None,
     quantization_config: BitsAndBytesConfig | None = None,
 ) -> PreTrainedModel:
-    """Load a causal LM with plain ``transformers`` (GGUF weights are de-quantised).
+    """Load a causal LM with plain ``transformers`` (GGUF weights are de-quantised), with ``attn_implementation`` or,
+    where its architecture lacks it, the one the architecture supports (:func:`attention_for`).
 
     Args:
         name_or_path: See :func:`resolve_model`.
@@ -153,9 +155,13 @@ def load_causal_lm(
         kwargs["quantization_config"] = GgufConfig(dequantize=True)
     elif quantization_config is not None:
         kwargs["quantization_config"] = quantization_config
+    attention = attention_for(load_config(name_or_path).model_type, attn_implementation)
+    if attention != attn_implementation:
+        rank_zero_info(f"skiptrain: {name_or_path} uses attn_implementation={attention!r}: its architecture does not "
+                       f"support {attn_implementation!r}")
     with _loading(name_or_path):
         model = AutoModelForCausalLM.from_pretrained(
-            source.path, attn_implementation=attn_implementation, dtype=dtype or torch.float32, **kwargs
+            source.path, attn_implementation=attention, dtype=dtype or torch.float32, **kwargs
         )
     if source.gguf_file is not None:
         model.hf_quantizer = None  # de-quantised: a plain model that saves and trains like any other

@@ -1,103 +1,55 @@
-"""Tokenisation and truncation of prompts and targets (pure functions over a Hugging Face tokenizer).
+"""Tokenisation of prompt/target pairs and of plain text (pure functions over a Hugging Face tokenizer).
 
-Only the source is ever trimmed to fit ``max_source_tokens``, never the template; targets are tokenised in the
-context of their prompt and end with EOS. Plain text is cut into fixed-size blocks (:func:`group_into_blocks`).
+Prompts are made by the run's :class:`~skiptrain.text.prompt_format.PromptFormat` (template fields, chat template,
+special tokens; only the last field is ever trimmed to fit ``max_source_tokens``, never the template); targets are
+tokenised in the context of their prompt and end with EOS. Plain text is cut into fixed-size blocks
+(:func:`group_into_blocks`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from skiptrain.errors import DataError, UsageError
-from skiptrain.text.tasks import fill_template
+from skiptrain.errors import DataError
+from skiptrain.text.prompt_format import PromptFormat, Source, special_token_counts
 
 
-def special_token_counts(tokenizer: Any) -> tuple[int, int]:
-    """How many special tokens the tokenizer adds before and after the text with ``add_special_tokens=True``.
-
-    Args:
-        tokenizer: A Hugging Face tokenizer.
-
-    Returns:
-        ``(n_prefix, n_suffix)``, e.g. ``(1, 0)`` for Llama-style BOS, ``(0, 0)`` for GPT-2.
-    """
-    plain = tokenizer("a b", add_special_tokens=False)["input_ids"]
-    full = tokenizer("a b", add_special_tokens=True)["input_ids"]
-    for start in range(len(full) - len(plain) + 1):
-        if full[start : start + len(plain)] == plain:
-            return start, len(full) - start - len(plain)
-    return 0, 0
-
-
-def _strip_suffix(ids: list[int], n_suffix: int) -> list[int]:
-    return ids[: len(ids) - n_suffix] if n_suffix else ids
+def as_prompt_format(template: str | PromptFormat, max_source_tokens: int | None) -> PromptFormat:
+    """``template`` as a prompt format (a string is a plain template) limited to ``max_source_tokens``."""
+    if isinstance(template, PromptFormat):
+        return dataclasses.replace(template, max_source_tokens=max_source_tokens)
+    return PromptFormat(template, max_source_tokens=max_source_tokens)
 
 
 def tokenize_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of filled prompts: special tokens such as BOS kept, a trailing EOS removed, nothing trimmed.
+    """Token ids of raw prompt texts: special tokens such as BOS kept, a trailing EOS removed, nothing trimmed.
 
-    Training prompts (:func:`encode_prompts`) and raw inference prompts are tokenised by this one function, so
-    the same text gives the same ids in both.
+    This is the plain (``{source}``) prompt format's rule, so raw inference prompts and training prompts of the
+    same text give the same ids.
     """
-    _, n_suffix = special_token_counts(tokenizer)
-    return [_strip_suffix(ids, n_suffix) for ids in tokenizer(list(texts))["input_ids"]]
-
-
-def _truncate_source(
-    tokenizer: Any, template: str, source: str, max_source_tokens: int, overhead: int, n_suffix: int
-) -> tuple[str, list[int]]:
-    """Filled prompt (text, ids) with ``source`` cut at a token boundary so it fits ``max_source_tokens``.
-
-    ``overhead`` is the length of the template filled with nothing.
-    """
-    enc = tokenizer(source, add_special_tokens=False, return_offsets_mapping=bool(tokenizer.is_fast))
-    src_ids = enc["input_ids"]
-    offsets = enc.get("offset_mapping")
-    budget = min(len(src_ids), max_source_tokens - overhead)
-    while budget > 0:
-        cut = source[: offsets[budget - 1][1]] if offsets else tokenizer.decode(src_ids[:budget])
-        text = fill_template(template, cut.rstrip())
-        ids = _strip_suffix(tokenizer(text)["input_ids"], n_suffix)
-        if len(ids) <= max_source_tokens:
-            return text, ids
-        budget -= max(1, len(ids) - max_source_tokens)
-    text = fill_template(template, "")
-    return text, _strip_suffix(tokenizer(text)["input_ids"], n_suffix)
+    return PromptFormat().tokenize(tokenizer, texts)
 
 
 def encode_prompts(
-    tokenizer: Any, template: str, sources: Sequence[str], max_source_tokens: int
+    tokenizer: Any, template: str | PromptFormat, sources: Sequence[Source], max_source_tokens: int
 ) -> tuple[list[str], list[list[int]]]:
-    """Fill and tokenise prompts, trimming the SOURCE (never the template) to fit ``max_source_tokens``.
+    """Fill and tokenise prompts, trimming the source (never the template) to fit ``max_source_tokens``.
 
     Args:
-        tokenizer: A Hugging Face tokenizer (special tokens such as BOS are kept; a trailing EOS is removed).
-        template: Prompt template with one ``{source}``.
-        sources: Source texts.
+        tokenizer: A Hugging Face tokenizer.
+        template: A prompt template (``{source}`` or several ``{column}`` fields) or a whole prompt format.
+        sources: Source texts (or objects of field values for a template of several fields).
         max_source_tokens: Maximum prompt length in tokens, template and special tokens included.
 
     Returns:
-        ``(prompt_texts, prompt_ids)``; ``prompt_texts`` hold the (possibly trimmed) filled templates.
+        ``(prompt_texts, prompt_ids)``; ``prompt_texts`` hold the (possibly trimmed) prompts.
 
     Raises:
-        ValueError: If the template alone does not fit in ``max_source_tokens``.
+        PromptFormatError: If the template alone does not fit in ``max_source_tokens``, or a source lacks a field.
     """
-    _, n_suffix = special_token_counts(tokenizer)
-    overhead = len(_strip_suffix(tokenizer(fill_template(template, ""))["input_ids"], n_suffix))
-    if overhead >= max_source_tokens:
-        raise UsageError(
-            f"max_source_tokens={max_source_tokens} leaves no room for the source: the prompt template alone "
-            f"takes {overhead} tokens ({template!r})"
-        )
-    texts = [fill_template(template, s) for s in sources]
-    ids = tokenize_prompts(tokenizer, texts)
-    for i, row in enumerate(ids):
-        if len(row) > max_source_tokens:
-            texts[i], ids[i] = _truncate_source(
-                tokenizer, template, sources[i], max_source_tokens, overhead, n_suffix
-            )
-    return texts, ids
+    return as_prompt_format(template, max_source_tokens).encode(tokenizer, sources)
 
 
 def target_text(prompt: str, target: str) -> str:
@@ -118,8 +70,8 @@ def target_text(prompt: str, target: str) -> str:
 
 def encode_pairs(
     tokenizer: Any,
-    template: str,
-    sources: Sequence[str],
+    template: str | PromptFormat,
+    sources: Sequence[Source],
     targets: Sequence[str],
     max_source_tokens: int,
     max_target_tokens: int,
@@ -132,8 +84,8 @@ def encode_pairs(
 
     Args:
         tokenizer: A Hugging Face tokenizer with an EOS token.
-        template: Prompt template with one ``{source}``.
-        sources: Source texts.
+        template: Prompt template or prompt format (see :func:`encode_prompts`).
+        sources: Source texts (or objects of field values).
         targets: Target texts.
         max_source_tokens: Maximum prompt length in tokens.
         max_target_tokens: Maximum target length in tokens, before the EOS token.
@@ -144,9 +96,10 @@ def encode_pairs(
     eos = tokenizer.eos_token_id
     if eos is None:
         raise DataError("the tokenizer has no eos_token; targets must end with EOS")
-    prompt_texts, prompt_ids = encode_prompts(tokenizer, template, sources, max_source_tokens)
+    prompt_format = as_prompt_format(template, max_source_tokens)
+    prompt_texts, prompt_ids = prompt_format.encode(tokenizer, sources)
     continuations = [target_text(p, t) for p, t in zip(prompt_texts, targets, strict=True)]
-    full_ids = tokenize_prompts(tokenizer, [p + c for p, c in zip(prompt_texts, continuations, strict=True)])
+    full_ids = prompt_format.tokenize(tokenizer, [p + c for p, c in zip(prompt_texts, continuations, strict=True)])
     target_ids = []
     for p_ids, f_ids, cont in zip(prompt_ids, full_ids, continuations, strict=True):
         if f_ids[: len(p_ids)] == p_ids:
@@ -180,6 +133,7 @@ def group_into_blocks(token_lists: Iterable[Sequence[int]], block_size: int) -> 
 
 
 __all__ = [
+    "as_prompt_format",
     "encode_pairs",
     "encode_prompts",
     "group_into_blocks",

@@ -1,7 +1,7 @@
 """The task table: what skiptrain knows about each supported task (dataset, columns, prompt template, metric).
 
-Prompt templates are format strings with one ``{source}`` placeholder, filled by plain replacement
-(:func:`fill_template`), so other braces in a template are literal.
+Prompt templates name their fields as ``{source}`` (the task's source column) or ``{column}`` (any other data
+column), filled in one pass by :class:`~skiptrain.text.prompt_format.PromptFormat`; other braces are literal.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from skiptrain.errors import UsageError
+from skiptrain.text.prompt_format import PromptFormat, PromptFormatError
 
 SOURCE_PLACEHOLDER = "{source}"
 
@@ -143,7 +144,7 @@ def get_task_spec(task: str) -> TaskSpec:
 
 
 def validate_template(template: str) -> str:
-    """Check that a prompt template has exactly one ``{source}`` placeholder.
+    """Check that a prompt template names its fields well: at least one, each once.
 
     Args:
         template: The template.
@@ -152,19 +153,19 @@ def validate_template(template: str) -> str:
         The template, unchanged.
 
     Raises:
-        ValueError: If the placeholder is missing or repeated.
+        UsageError: naming ``prompt_template`` when it has no field or repeats one.
     """
-    count = template.count(SOURCE_PLACEHOLDER)
-    if count != 1:
-        raise UsageError(
-            f"prompt_template must contain '{SOURCE_PLACEHOLDER}' exactly once, found {count}: {template!r}"
-        )
+    try:
+        PromptFormat(template)
+    except PromptFormatError as err:
+        raise UsageError(str(err)) from err
     return template
 
 
 def fill_template(template: str, source: str) -> str:
-    """Insert ``source`` into ``template`` (plain replacement, so other braces in the template are literal)."""
-    return template.replace(SOURCE_PLACEHOLDER, source, 1)
+    """A one-field ``template`` filled with ``source`` (other braces in the template are literal)."""
+    prompt_format = PromptFormat(template)
+    return prompt_format.fill(prompt_format.values(source))
 
 
 __all__ = [

@@ -1,13 +1,38 @@
 """Training losses over target-token logits: next-token cross entropy and the distillation KL term.
 
-Both take the logits of the columns that predict a labelled token only (``[N, vocab]``, see
-:meth:`skiptrain.training.module.SkipLM.target_logits`), so padding and prompt columns never enter a loss.
+Both take the logits of the columns that predict a labelled token only (``[N, vocab]``, :func:`target_logits`), so
+padding and prompt columns never enter a loss.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from skiptrain.core.schedules import SkipSchedule
+from skiptrain.modeling.architectures import decoder_parts
+from skiptrain.modeling.forward import skip_hidden_states
+from skiptrain.text.batch import IGNORE_INDEX
+
+
+def target_logits(model: nn.Module, batch: Mapping[str, Any], schedule: SkipSchedule
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 logits ``[N, vocab]`` at the columns that predict a labelled token of a batch, and its labels ``[N]``.
+
+    ``batch`` has the layout of :func:`skiptrain.text.batch.collate` (``input_ids``, ``attention_mask``, ``labels``,
+    ``prompt_length``); ``model`` runs under ``schedule``. The LM head runs on those columns only. Every training loss
+    (``SkipLM``'s and :func:`skiptrain.training.integration.skip_loss`) is computed from these.
+    """
+    parts = decoder_parts(model)
+    targets = batch["labels"][:, 1:]  # token at column c + 1 is predicted at column c
+    selected = targets != IGNORE_INDEX
+    hidden = skip_hidden_states(model, batch["input_ids"], batch["attention_mask"], schedule,
+                                batch["prompt_length"], parts=parts)[:, :-1][selected]  # [N, H]
+    return parts.logits(hidden).float(), targets[selected]
 
 
 def target_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,6 @@ from skiptrain.export.format import ExportUsageError
 from skiptrain.export.record import ExportRecord
 from skiptrain.export.verify import export_config
 from skiptrain.modeling.architectures import check_lora_targets, decoder_parts
-from skiptrain.modeling.forward import skip_hidden_states
 from skiptrain.modeling.generation import SamplingConfig, generate
 from skiptrain.modeling.loading import load_causal_lm, load_config, load_tokenizer
 from skiptrain.modeling.precision import WeightsDtype, weights_dtype
@@ -47,7 +46,7 @@ from skiptrain.modeling.quantization import (
 from skiptrain.text.batch import IGNORE_INDEX
 from skiptrain.training.checkpoints import consolidate_checkpoint
 from skiptrain.training.lora import LoraSettings, with_adapters
-from skiptrain.training.losses import distillation_kl, target_cross_entropy
+from skiptrain.training.losses import distillation_kl, target_cross_entropy, target_logits
 from skiptrain.training.sources import Source, load_run_weights, load_trained_model, resolve_source
 from skiptrain.training.strategies import check_quantization_strategy
 
@@ -410,23 +409,11 @@ class SkipLM(L.LightningModule):
         return self.tokenizer
 
     # -- losses --------------------------------------------------------------------------------------------------
-    def _hidden(self, batch: dict[str, Any], schedule: SkipSchedule, model: torch.nn.Module | None = None
-                ) -> torch.Tensor:
-        return skip_hidden_states(
-            model or self.model, batch["input_ids"], batch["attention_mask"], schedule, batch["prompt_length"]
-        )  # [B, S, H]
-
     def target_logits(self, batch: dict[str, Any], schedule: SkipSchedule, model: torch.nn.Module | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits ``[N, vocab]`` at the columns that predict a labelled token, and those labels ``[N]``.
-
-        The LM head runs on those columns only. ``model`` defaults to the model being trained.
-        """
-        model = model or self.model
-        targets = batch["labels"][:, 1:]  # token at column c + 1 is predicted at column c
-        selected = targets != IGNORE_INDEX
-        hidden = self._hidden(batch, schedule, model)[:, :-1][selected]  # [N, H]
-        return decoder_parts(model).lm_head(hidden).float(), targets[selected]
+        """Logits ``[N, vocab]`` at the columns that predict a labelled token, and those labels ``[N]``
+        (:func:`~skiptrain.training.losses.target_logits`). ``model`` defaults to the model being trained."""
+        return target_logits(model or self.model, batch, schedule)
 
     def teacher_logits(self, batch: dict[str, Any]) -> torch.Tensor:
         """The distillation teacher's target logits: the configured teacher at full depth, without gradient."""

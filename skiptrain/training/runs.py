@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from skiptrain.core.output_dir import check_output_dir
-from skiptrain.export.format import ADAPTER_ONLY_NEEDS_LORA, ExportError, ExportUsageError
-from skiptrain.export.record import NOT_RECORDED, ExportRecord
+from skiptrain.data.datamodule import stored_prompt_format
+from skiptrain.export.format import ADAPTER_ONLY_NEEDS_LORA, ExportError, ExportUsageError, is_export, read_record
+from skiptrain.export.record import NOT_RECORDED, ExportedCheckpoint, ExportRecord
 from skiptrain.export.write import write_export
-from skiptrain.training.checkpoints import checkpoint_metadata
+from skiptrain.text.prompt_format import PromptFormat
+from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata
 
 if TYPE_CHECKING:
     import lightning as L
@@ -65,20 +67,49 @@ def run_record(
                                metrics_source=metrics_source)
 
 
-def fit_record(trainer: L.Trainer, module: SkipLM) -> ExportRecord:
-    """The record of a run that just finished fitting: its log dir's config, its last validation metrics."""
+def best_checkpoint(trainer: L.Trainer) -> tuple[str, ExportedCheckpoint] | None:
+    """The checkpoint that a ``ModelCheckpoint(monitor=...)`` of this fit kept as best, or ``None`` when none did."""
+    for callback in trainer.checkpoint_callbacks:
+        if getattr(callback, "monitor", None) and callback.best_model_path and callback.best_model_score is not None:
+            step = int(checkpoint_metadata(callback.best_model_path).get("global_step") or 0)
+            chosen = ExportedCheckpoint("best", step, callback.monitor, float(callback.best_model_score))
+            return callback.best_model_path, chosen
+    return None
+
+
+def fit_record(trainer: L.Trainer, module: SkipLM, best: tuple[str, ExportedCheckpoint] | None = None
+               ) -> ExportRecord:
+    """The record of a run that just finished fitting: its log dir's config and validation metrics.
+
+    Args:
+        trainer: The trainer that ran fit.
+        module: The fitted module.
+        best: The best checkpoint (:func:`best_checkpoint`) when that is what is exported: the metrics are then
+            those logged up to its step. Otherwise the weights are the last, with the last validation's metrics.
+    """
     datamodule = getattr(trainer, "datamodule", None)
     weights = ExportRecord(module.model_name, trained_with_schedule=trainer.global_step > 0, schedule=module.schedule,
                            base_quantization=module.quantization_settings())
-    return run_record(
+    if best is None:
+        checkpoint = ExportedCheckpoint("last", trainer.global_step)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(VALIDATION_PREFIX)}
+        source = "the run's last validation (trainer.callback_metrics at the end of fit)"
+    else:
+        for logger in trainer.loggers:
+            logger.save()  # metrics.csv up to date before it is read
+        path, checkpoint = best
+        metrics, source = validation_metrics_from_checkpoint(path, checkpoint_metadata(path))
+    record = run_record(
         weights,
         task=getattr(datamodule, "task", None),
         config_file=Path(trainer.log_dir or trainer.default_root_dir) / RUN_CONFIG_FILE,
         model_hparams=module.hparams,
         data_hparams=datamodule.hparams if datamodule is not None else None,
-        metrics={k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(VALIDATION_PREFIX)},
-        metrics_source="the run's last validation (trainer.callback_metrics at the end of fit)",
+        metrics=metrics,
+        metrics_source=source,
     )
+    prompt_format = datamodule.prompt_format if datamodule is not None else None
+    return dataclasses.replace(record, checkpoint=checkpoint, prompt_format=prompt_format)
 
 
 def checkpoint_record(
@@ -95,13 +126,15 @@ def checkpoint_record(
     """
     data_hparams = dict(datamodule.hparams) if datamodule is not None else None
     task = datamodule.task if datamodule is not None else None
+    prompt_format = datamodule.prompt_format if datamodule is not None else weights.prompt_format
     if not ckpt_path:
-        return run_record(weights, task=task, config_file=None, model_hparams=module.hparams,
-                          data_hparams=data_hparams)
+        record = run_record(weights, task=task, config_file=None, model_hparams=module.hparams,
+                            data_hparams=data_hparams)
+        return dataclasses.replace(record, prompt_format=prompt_format)
     metadata = checkpoint_metadata(ckpt_path, weights_only)
     stored_data = metadata.get("datamodule_hyper_parameters") or {}
     metrics, source = validation_metrics_from_checkpoint(ckpt_path, metadata)
-    return run_record(
+    record = run_record(
         weights,
         task=task or stored_data.get("task"),
         config_file=find_run_file(ckpt_path, RUN_CONFIG_FILE),
@@ -110,6 +143,21 @@ def checkpoint_record(
         metrics=metrics,
         metrics_source=source,
     )
+    return dataclasses.replace(record, checkpoint=exported_checkpoint(ckpt_path, metadata),
+                               prompt_format=prompt_format or stored_prompt_format(stored_data))
+
+
+def exported_checkpoint(ckpt_path: str | os.PathLike, metadata: Mapping[str, Any]) -> ExportedCheckpoint:
+    """Which weights of its run a checkpoint holds: ``best`` when its ``ModelCheckpoint`` state names it as the best
+    by a monitored metric, else ``last`` (the weights at its step)."""
+    step = int(metadata.get("global_step") or 0)
+    for name, state in (metadata.get("callbacks") or {}).items():
+        if not (str(name).startswith("ModelCheckpoint") and isinstance(state, Mapping)):
+            continue
+        best, score = state.get("best_model_path"), state.get("best_model_score")
+        if state.get("monitor") and best and score is not None and Path(best).resolve() == Path(ckpt_path).resolve():
+            return ExportedCheckpoint("best", step, str(state["monitor"]), float(score))
+    return ExportedCheckpoint("last", step)
 
 
 def export_checkpoint(
@@ -136,6 +184,21 @@ def export_checkpoint(
     weights = module.load_weights(ckpt_path, weights_only)
     record = checkpoint_record(weights, ckpt_path, module, datamodule, weights_only)
     return export_module(module, output_dir, record, adapter_only=adapter_only, overwrite=overwrite, in_place=fresh)
+
+
+def recorded_prompt_format(
+    module: SkipLM, ckpt_path: str | None, datamodule: SkipDataModule | None = None, weights_only: bool | None = None
+) -> PromptFormat | None:
+    """How the run behind ``module`` made its prompts, read without loading weights: an export's recorded format,
+    else the configured data module's, else the one stored in ``ckpt_path``'s data hyperparameters (``None``: the
+    model records none)."""
+    if module.model is None and is_export(module.model_name):
+        return read_record(module.model_name).prompt_format
+    if datamodule is not None:
+        return datamodule.prompt_format
+    if ckpt_path and checkpoint_layout(ckpt_path) == "file":
+        return stored_prompt_format(checkpoint_metadata(ckpt_path, weights_only).get("datamodule_hyper_parameters"))
+    return None
 
 
 def export_module(
@@ -227,11 +290,13 @@ def hyperparameters_yaml(model_hparams: Mapping[str, Any], data_hparams: Mapping
 __all__ = [
     "RUN_CONFIG_FILE",
     "RUN_METRICS_FILE",
+    "best_checkpoint",
     "checkpoint_record",
     "export_checkpoint",
     "find_run_file",
     "fit_record",
     "hyperparameters_yaml",
+    "recorded_prompt_format",
     "run_record",
     "validation_metrics_from_checkpoint",
     "validation_metrics_from_csv",

@@ -5,18 +5,23 @@ from __future__ import annotations
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
     OPTConfig,
+    Phi3Config,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
+    Qwen3Config,
 )
+
+from skiptrain.modeling.architectures import attention_for
 
 # "mistral-sliding" is Mistral with a sliding window of 4 columns, shorter than every test sequence, so that the
 # sliding-window attention masks are built and used (the other Mistral has none).
-ARCHITECTURES = ("opt", "llama", "gpt2", "mistral", "mistral-sliding", "qwen2")
+ARCHITECTURES = ("opt", "llama", "gpt2", "mistral", "mistral-sliding", "qwen2", "qwen3", "gemma2", "phi3")
 SLIDING_WINDOW = 4
 
 
@@ -34,6 +39,11 @@ def tiny_config(model_type: str, num_layers: int = 6, vocab_size: int = 97, widt
         "mistral": lambda: MistralConfig(sliding_window=None, **llama_like),
         "mistral-sliding": lambda: MistralConfig(sliding_window=SLIDING_WINDOW, **llama_like),
         "qwen2": lambda: Qwen2Config(**llama_like),
+        "qwen3": lambda: Qwen3Config(head_dim=width // 4, **llama_like),
+        # alternating sliding (window 5, shorter than the tests' sequences) and global layers, both soft-cappings
+        "gemma2": lambda: Gemma2Config(head_dim=width // 4, sliding_window=5, final_logit_softcapping=3.0,
+                                       attn_logit_softcapping=5.0, **llama_like),
+        "phi3": lambda: Phi3Config(**llama_like),
         "gpt2": lambda: GPT2Config(n_embd=width, n_layer=num_layers, n_head=4, n_positions=256, **common),
     }
     return configs[model_type]()
@@ -43,7 +53,7 @@ def tiny_model(model_type: str, num_layers: int = 6, attn: str = "sdpa", seed: i
     """A tiny random model in eval mode, deterministic for a given seed."""
     torch.manual_seed(seed)
     config = tiny_config(model_type, num_layers, **kwargs)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attention_for(model_type, attn)).eval()
 
 
 def left_padded_batch(

@@ -1,0 +1,214 @@
+"""How a run turns sources into prompt token ids: its template and fields, chat template, special tokens, truncation.
+
+A :class:`PromptFormat` is recorded in every export of a prompt/target run (the ``prompt_format`` key of
+``skip_schedule.json``), so ``generate``, ``evaluate``, the conformance kit and the export's ``custom_generate``
+build from a bare source exactly the prompt ids training built. This module is that one implementation for all of
+them: it needs only the standard library and a Hugging Face tokenizer passed in, because every export ships it as
+``custom_generate/prompt_format.py`` for plain transformers, without skiptrain.
+
+The rules:
+
+- A template names its fields as ``{name}`` (letters, digits, underscores); ``{source}`` is the task's source
+  column, any other name the data column of that name. Other braces are literal. Fields are filled in one pass.
+- Without ``chat_template`` the filled template is tokenised with the tokenizer's special tokens (e.g. BOS), and a
+  trailing special token the tokenizer appends (e.g. EOS) is removed. With ``chat_template`` the filled template is
+  the user message (after ``system_message``, if any) of the tokenizer's own ``apply_chat_template`` with the
+  generation prompt added; that text holds its special tokens, so it is tokenised without adding any.
+- With ``max_source_tokens`` a prompt longer than that many tokens has its last field trimmed, at a token
+  boundary, until it fits; the template is never cut.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+SOURCE_FIELD = "source"
+RAW_TEMPLATE = "{source}"
+
+
+class PromptFormatError(ValueError):
+    """A template, or a source given to fill it, that the prompt format refuses (the message names the field)."""
+
+    exit_code = 2
+
+
+Source = str | Mapping[str, Any]
+"""What fills a template: a bare string for a one-field template, or an object of field values (or its JSON text)."""
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """The prompt format of a run.
+
+    Args:
+        template: The prompt with its ``{field}`` placeholders; ``{source}`` uses a bare source as it is.
+        chat_template: Wrap the filled template with the tokenizer's ``apply_chat_template`` as the user message.
+        system_message: The system message before it (``chat_template`` only).
+        max_source_tokens: Prompt length limit in tokens, special tokens included (``None``: no limit).
+    """
+
+    template: str = RAW_TEMPLATE
+    chat_template: bool = False
+    system_message: str | None = None
+    max_source_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        names = FIELD.findall(self.template)
+        if not names:
+            raise PromptFormatError(f"prompt_template={self.template!r} names no field: allowed a template with "
+                                    "'{source}' or '{column}' placeholders")
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise PromptFormatError(f"prompt_template={self.template!r} names {repeated} more than once: allowed "
+                                    "each field once")
+        if self.system_message is not None and not self.chat_template:
+            raise PromptFormatError(f"system_message={self.system_message!r} needs chat_template=true: a system "
+                                    "message is a chat turn")
+
+    # -- fields ---------------------------------------------------------------------------------------------------
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The template's field names, in order."""
+        return tuple(FIELD.findall(self.template))
+
+    @property
+    def is_raw(self) -> bool:
+        """Whether prompts are used as given (the ``{source}`` template, no chat template, no limit)."""
+        return self == PromptFormat()
+
+    def values(self, source: Source) -> dict[str, str]:
+        """The field values of one source: a bare string fills a one-field template; an object (or its JSON text)
+        names every field.
+
+        Raises:
+            PromptFormatError: naming the fields missing from an object, or a bare string for several fields.
+        """
+        if isinstance(source, str) and len(self.fields) == 1:
+            return {self.fields[0]: source}
+        if isinstance(source, str):
+            try:
+                source = json.loads(source)
+            except json.JSONDecodeError:
+                source = None
+            if not isinstance(source, Mapping):
+                raise PromptFormatError(f"the template {self.template!r} has fields {list(self.fields)}: allowed an "
+                                        "object of their values, not a bare string")
+        missing = [name for name in self.fields if name not in source]
+        if missing:
+            raise PromptFormatError(f"missing field(s) {missing} for the template {self.template!r}: allowed an "
+                                    f"object with {list(self.fields)}; got {sorted(source)}")
+        return {name: str(source[name]) for name in self.fields}
+
+    def fill(self, values: Mapping[str, str]) -> str:
+        """The template with every field replaced by its value (one pass: values are never filled again)."""
+        return FIELD.sub(lambda match: values[match[1]], self.template)
+
+    # -- text and ids ---------------------------------------------------------------------------------------------
+    def render(self, tokenizer: Any, values: Mapping[str, str]) -> str:
+        """The prompt text: the filled template, wrapped by the chat template when ``chat_template``."""
+        text = self.fill(values)
+        if not self.chat_template:
+            return text
+        if not getattr(tokenizer, "chat_template", None):
+            raise PromptFormatError(f"chat_template=true needs a tokenizer with a chat template: "
+                                    f"{getattr(tokenizer, 'name_or_path', 'this tokenizer')!r} has none; set "
+                                    "chat_template=false and write the turns into prompt_template")
+        system = [{"role": "system", "content": self.system_message}] if self.system_message is not None else []
+        return tokenizer.apply_chat_template([*system, {"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+
+    def tokenize(self, tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of prompt texts under this format's special-token rule; nothing trimmed."""
+        if self.chat_template:
+            return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+        n_suffix = special_token_counts(tokenizer)[1]
+        return [list(ids[: len(ids) - n_suffix]) for ids in tokenizer(list(texts))["input_ids"]]
+
+    def encode(self, tokenizer: Any, sources: Sequence[Source]) -> tuple[list[str], list[list[int]]]:
+        """Prompt texts and ids of ``sources``, the last field trimmed to fit ``max_source_tokens``.
+
+        Raises:
+            PromptFormatError: for a source that does not fill the template, or a template that alone takes
+                ``max_source_tokens`` or more.
+        """
+        values = [self.values(source) for source in sources]
+        texts = [self.render(tokenizer, v) for v in values]
+        ids = self.tokenize(tokenizer, texts)
+        if self.max_source_tokens is None:
+            return texts, ids
+        trimmed = self.fields[-1]
+        overhead = len(self.tokenize(tokenizer, [self.render(tokenizer, {**values[0], trimmed: ""})])[0]) \
+            if values else 0
+        if overhead >= self.max_source_tokens:
+            raise PromptFormatError(f"max_source_tokens={self.max_source_tokens} leaves no room for the source: the "
+                                    f"prompt template alone takes {overhead} tokens ({self.template!r})")
+        for i, row in enumerate(ids):
+            if len(row) > self.max_source_tokens:
+                texts[i], ids[i] = self._trimmed(tokenizer, values[i], trimmed)
+        return texts, ids
+
+    def _trimmed(self, tokenizer: Any, values: dict[str, str], field: str) -> tuple[str, list[int]]:
+        """Prompt (text, ids) with ``values[field]`` cut at a token boundary so it fits ``max_source_tokens``."""
+        source = values[field]
+        encoded = tokenizer(source, add_special_tokens=False, return_offsets_mapping=bool(tokenizer.is_fast))
+        source_ids, offsets = encoded["input_ids"], encoded.get("offset_mapping")
+        overhead = len(self.tokenize(tokenizer, [self.render(tokenizer, {**values, field: ""})])[0])
+        budget = min(len(source_ids), self.max_source_tokens - overhead)
+        while budget > 0:
+            cut = source[: offsets[budget - 1][1]] if offsets else tokenizer.decode(source_ids[:budget])
+            text = self.render(tokenizer, {**values, field: cut.rstrip()})
+            ids = self.tokenize(tokenizer, [text])[0]
+            if len(ids) <= self.max_source_tokens:
+                return text, ids
+            budget -= max(1, len(ids) - self.max_source_tokens)
+        text = self.render(tokenizer, {**values, field: ""})
+        return text, self.tokenize(tokenizer, [text])[0]
+
+    # -- the record -----------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The ``prompt_format`` object of ``skip_schedule.json`` (``fields``, ``add_special_tokens`` and
+        ``trimmed_field`` are derived, for readers that do not run this module)."""
+        return {
+            "template": self.template,
+            "fields": list(self.fields),
+            "chat_template": self.chat_template,
+            "system_message": self.system_message,
+            "add_special_tokens": not self.chat_template,
+            "max_source_tokens": self.max_source_tokens,
+            "trimmed_field": self.fields[-1],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PromptFormat:
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            PromptFormatError: for an object without a string ``template``.
+        """
+        if not isinstance(data, Mapping) or not isinstance(data.get("template"), str):
+            raise PromptFormatError(f"prompt_format={data!r} is invalid: allowed an object with a string 'template'")
+        limit = data.get("max_source_tokens")
+        return cls(data["template"], bool(data.get("chat_template")), data.get("system_message"),
+                   None if limit is None else int(limit))
+
+
+def special_token_counts(tokenizer: Any) -> tuple[int, int]:
+    """How many special tokens the tokenizer adds before and after the text with ``add_special_tokens=True``.
+
+    Returns:
+        ``(n_prefix, n_suffix)``, e.g. ``(1, 0)`` for Llama-style BOS, ``(0, 0)`` for GPT-2.
+    """
+    plain = tokenizer("a b", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a b", add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return start, len(full) - start - len(plain)
+    return 0, 0
+
+
+__all__ = ["RAW_TEMPLATE", "SOURCE_FIELD", "PromptFormat", "PromptFormatError", "Source", "special_token_counts"]
