@@ -172,39 +172,10 @@ def test_calibrate_profiles_the_quantized_checkpoint(qlora_run, tmp_path):
     assert candidates and all(torch.isfinite(torch.tensor(c["loss"])) for c in candidates)
 
 
-# -- refusals: one line, exit code 2, nothing written ----------------------------------------------------------------
+# -- a refusal of its own: bitsandbytes missing (the others are cases of test_user_errors.py) ---------------------
 def fit_argv(model: str, tmp: Path, *extra: str) -> list[str]:
     return ["fit", *tiny_args(model, tmp / "run", "--data.task", "builtin", "--data.max_train_samples", "4",
                               "--trainer.max_steps", "1", "--model.generation.num_batches", "0", *extra)]
-
-
-REFUSALS = {
-    "full_fine_tuning": (("--model.quantization", QUANTIZATION), "model.quantization needs model.lora"),
-    "fsdp": (("--model.lora", LORA, "--model.quantization", QUANTIZATION, "--trainer.strategy",
-              json.dumps({"class_path": "skiptrain.training.strategies.SkipFSDPStrategy"})),
-             "not supported with trainer.strategy=SkipFSDPStrategy"),
-    "zero3": (("--model.lora", LORA, "--model.quantization", QUANTIZATION, "--trainer.strategy",
-               json.dumps({"class_path": "skiptrain.training.strategies.SkipDeepSpeedStrategy",
-                           "init_args": {"stage": 3}})),
-              "not supported with trainer.strategy=SkipDeepSpeedStrategy"),
-    "bad_type": (("--model.lora", LORA, "--model.quantization", "{bits: 4, type: int4}"),
-                 """Parser key "type": Expected a typing.Literal['nf4', 'fp4']. Got value: int4"""),
-    "bad_bits": (("--model.lora", LORA, "--model.quantization", "{bits: 3}"),
-                 'Parser key "bits": Expected a typing.Literal[4, 8]. Got value: 3'),
-}
-
-
-@pytest.mark.parametrize("name", sorted(REFUSALS))
-def test_a_refused_quantization_gets_one_line_and_writes_nothing(name, model_dir, tmp_path, capsys):
-    extra, says = REFUSALS[name]
-    if "SkipDeepSpeedStrategy" in " ".join(extra):
-        pytest.importorskip("deepspeed", reason="the ZeRO-3 refusal is checked where DeepSpeed is installed")
-    before = snapshot(tmp_path)
-    code, stderr = run_cli(fit_argv(model_dir("llama"), tmp_path, *extra), capsys)
-    lines = error_lines(stderr)
-    assert "Traceback" not in stderr and code == 2, stderr
-    assert len(lines) == 1 and says in lines[0], stderr
-    assert snapshot(tmp_path) == before, "the failed command wrote files"
 
 
 def test_without_bitsandbytes_quantization_names_the_extra(model_dir, tmp_path, capsys, monkeypatch):

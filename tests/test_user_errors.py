@@ -36,6 +36,7 @@ class Inputs:
 
     model: str
     other_model: str  # the same family with 2 layers instead of 4
+    sliding: str  # a Mistral with sliding-window attention
     ckpt: str
     export: str
     adapter: str
@@ -52,7 +53,8 @@ def inputs(tiny_model_dir, tmp_path_factory) -> Inputs:
     main(["export", "--model.model", model, "--ckpt_path", str(ckpt), "--output_dir", str(root / "export")])
     main(["export", "--model.model", model, "--ckpt_path", str(ckpt), "--output_dir", str(root / "adapter"),
           "--adapter_only", "true"])
-    return Inputs(model, tiny_model_dir("llama", 2), str(ckpt), str(root / "export"), str(root / "adapter"))
+    return Inputs(model, tiny_model_dir("llama", 2), tiny_model_dir("mistral-sliding"), str(ckpt), str(root / "export"),
+                  str(root / "adapter"))
 
 
 # -- broken inputs, written under the case's own folder ---------------------------------------------------------------
@@ -124,6 +126,7 @@ class Case:
     says: str
     prepare: Callable[[Path, Inputs], None] | None = None
     found_by: tuple[str, ...] = ()  # the expensive steps that run before the input is found bad
+    needs: tuple[str, ...] = ()  # optional packages the refused option needs installed (skipped without them)
 
 
 def fit(*extra: str, schedule: tuple[str, ...] = ("--model.schedule", "SkipDecode", "--model.schedule.min_layers",
@@ -194,6 +197,11 @@ def without_tokenizer_files(export: Path) -> None:
         (export / name).unlink(missing_ok=True)
 
 
+LORA = ("--model.lora", "{r: 4, alpha: 8, dropout: 0}")
+QUANTIZATION = ("--model.quantization", "{bits: 4, type: nf4}")
+FSDP = json.dumps({"class_path": "skiptrain.training.strategies.SkipFSDPStrategy"})
+ZERO3 = json.dumps({"class_path": "skiptrain.training.strategies.SkipDeepSpeedStrategy", "init_args": {"stage": 3}})
+
 NO_VALID_GRID = "skipdecode: {min_layers: [3], max_layers: [2], decay_tokens: [4]}\n"
 
 
@@ -241,11 +249,18 @@ CASES = [
     Case("task", fit("--data.task", "poetry"), USAGE, "task='poetry'"),
     Case("prompt_template", fit("--data.prompt_template", "no placeholder"), USAGE, "prompt_template"),
     Case("data_batch_size", fit("--data.batch_size", "0"), USAGE, "batch_size must be >= 1"),
+    Case("chat_template_without_one", fit("--data.chat_template", "true"), USAGE,
+         "chat_template=true needs a tokenizer with a chat template"),
+    Case("system_message_without_chat_template", fit("--data.system_message", "Be brief."), USAGE,
+         "system_message='Be brief.' needs chat_template=true"),
+    Case("prompt_template_repeated_field", fit("--data.prompt_template", "{source} and {source}"), USAGE,
+         "names ['source'] more than once"),
     Case("template_longer_than_max_source", fit("--data.max_source_tokens", "2"), USAGE, "max_source_tokens=2"),
     Case("target_beyond_the_context", fit("--data.max_target_tokens", "500"), USAGE,
          "exceeds the model's context length of 256"),
     Case("unavailable_accelerator", fit("--trainer.accelerator", "cuda"), USAGE, "accelerator"),
     Case("precision", fit("--trainer.precision", "7"), USAGE, "precision"),
+    Case("model_dtype", fit("--model.dtype", "float8"), USAGE, "dtype"),
     Case("lora_rank_zero", fit("--model.lora", "{r: 0}"), USAGE, "lora.r=0"),
     Case("lora_dropout_one", fit("--model.lora", "{dropout: 1}"), USAGE, "lora.dropout=1"),
     Case("lora_target_unknown", fit("--model.lora", "{target_modules: [nonexistent_proj]}"), USAGE,
@@ -259,6 +274,17 @@ CASES = [
          "ckpt_path='last': no last.ckpt under trainer.default_root_dir="),
     Case("export_callback_target_not_empty", fit(f"--trainer.callbacks+={EXPORT_CALLBACK % '{tmp}/out'}"), USAGE,
          "exists and is not empty", write("out/keep.txt", "precious")),
+    # QLoRA (model.quantization)
+    Case("quantization_without_lora", fit(*QUANTIZATION), USAGE, "model.quantization needs model.lora"),
+    Case("quantization_type", fit(*LORA, "--model.quantization", "{bits: 4, type: int4}"), USAGE,
+         """Parser key "type": Expected a typing.Literal['nf4', 'fp4']. Got value: int4"""),
+    Case("quantization_bits", fit(*LORA, "--model.quantization", "{bits: 3}"), USAGE,
+         'Parser key "bits": Expected a typing.Literal[4, 8]. Got value: 3'),
+    Case("quantization_under_fsdp", fit(*LORA, *QUANTIZATION, "--trainer.strategy", FSDP), USAGE,
+         "model.quantization is not supported with trainer.strategy=SkipFSDPStrategy", needs=("bitsandbytes",)),
+    Case("quantization_under_zero3", fit(*LORA, *QUANTIZATION, "--trainer.strategy", ZERO3), USAGE,
+         "model.quantization is not supported with trainer.strategy=SkipDeepSpeedStrategy",
+         needs=("bitsandbytes", "deepspeed")),
     # Lightning's other subcommands and evaluate refuse as fit does
     Case("validate_schedule", ("validate", *fit(schedule=skipdecode(min_layers="5"))[1:]), USAGE, "min_layers=5"),
     Case("test_lora_rank", ("test", *fit("--model.lora", "{r: 0}")[1:]), USAGE, "lora.r=0"),
@@ -288,6 +314,9 @@ CASES = [
     Case("data_bad_encoding", **data_file("news.csv", ROWS.encode() + "caf\xe9,x\n".encode("latin-1")), code=INPUT,
          says="could not be read"),
     Case("data_unsupported_extension", **data_file("news.xlsx", ROWS), code=INPUT, says="unsupported extension"),
+    Case("data_without_a_template_column", **data_file("news.csv", ROWS, "--data.prompt_template",
+                                                       "{article} by {author}"), code=INPUT,
+         says="the prompt template names column(s) ['author'] that the data lacks"),
     Case("data_training_split_missing",
          fit("--data.task", "cnn_dailymail", "--data.data_files", "{validation: {tmp}/news.csv}"), INPUT,
          "split 'train' not in data_files", write("news.csv", ROWS), READING_DATA),
@@ -329,6 +358,7 @@ CASES = [
          says="exceeds the model's context length of 256 tokens"),  # a source would be trimmed in its template
     Case("prompt_missing_a_template_field", **with_prompts('{"template": {"name": "x"}}\n', name="prompts.jsonl"),
          code=USAGE, says="missing field(s) ['source'] for the template"),
+    Case("raw_prompts_not_a_boolean", generate("--raw_prompts", "maybe"), USAGE, "raw_prompts"),
     Case("max_new_tokens_zero", generate("--max_new_tokens", "0"), USAGE, "max_new_tokens=0"),
     Case("max_new_tokens_fill_the_context", generate("--max_new_tokens", "256"), USAGE, "max_new_tokens=256"),
     Case("generate_batch_size_zero", generate("--batch_size", "0"), USAGE, "batch_size=0"),
@@ -346,6 +376,11 @@ CASES = [
          "is invalid without speculative"),
     Case("draft_schedule_missing", generate("--speculative", "2", "--draft_schedule", "{tmp}/nope.yaml"), INPUT,
          "draft_schedule='"),
+    Case("draft_schedule_unreadable", generate("--speculative", "2", "--draft_schedule", "{tmp}/draft.yaml"), INPUT,
+         "draft_schedule=", write("draft.yaml", "class_path: [")),
+    Case("speculative_with_sliding_window", generate("--speculative", "2", *skipdecode(min_layers="2"),
+                                                     model="{sliding}"), USAGE,
+         "speculative=2 is invalid for sliding-window attention (sliding_window=4)"),
     Case("draft_schedule_wrong_layer_count", generate("--speculative", "2", "--draft_schedule", "{tmp}/draft.yaml"),
          USAGE, "draft_schedule=", write("draft.yaml", "class_path: skiptrain.Static\ninit_args: {layers: [0, 9]}\n")),
     Case("generate_export_without_tokenizer", generate(model="{tmp}/export"), INPUT, "has no tokenizer files",
@@ -419,6 +454,8 @@ def test_every_subcommand_refuses_before_the_expensive_work():
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_a_bad_input_gets_one_line_the_exit_code_and_writes_nothing(case, inputs, tmp_path, capsys, monkeypatch):
+    for package in case.needs:
+        pytest.importorskip(package, reason=f"{case.name} is refused where {package} is installed")
     (tmp_path / "prompts.txt").write_text("Forecast:\n")  # what generate reads unless the case says otherwise
     if case.prepare is not None:
         case.prepare(tmp_path, inputs)

@@ -55,7 +55,7 @@ from skiptrain.frontends.inference import (
     read_prompts,
     write_completions,
 )
-from skiptrain.frontends.speculative import check_draft_tokens
+from skiptrain.frontends.speculative import check_draft_tokens, check_full_attention
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
 from skiptrain.modeling.precision import resolve_precision
@@ -184,6 +184,7 @@ class SkipTrainer(L.Trainer):
         _check_speculation(speculative, max_new_tokens, draft_schedule, dense)
         check_batch_size(batch_size)
         config = _model_config(model)
+        check_full_attention(speculative, config)
         draft = None if draft_schedule is None else \
             read_schedule_file(draft_schedule, config.num_hidden_layers, "draft_schedule")  # before the weights load
         prompt_format = _prompt_format(model, ckpt_path, weights_only, raw_prompts)

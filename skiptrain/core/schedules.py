@@ -483,7 +483,7 @@ def read_schedule_file(path: str, num_layers: int, option: str = "schedule") -> 
     ``{class_path: skiptrain.Ranked, init_args: {...}}``, alone or under ``model.schedule`` (a recipe fragment).
 
     Raises:
-        InputError: for a missing or unreadable file.
+        InputError: for a missing or unreadable file, or one that is not valid YAML.
         ScheduleError: naming ``option`` and the file, for content that is not a valid schedule for the model.
     """
     import yaml  # only this reader needs it
@@ -507,7 +507,7 @@ def read_schedule_file(path: str, num_layers: int, option: str = "schedule") -> 
             schedule = names[name](**(spec.get("init_args") or {})).build(num_layers)
         schedule.check_num_layers(num_layers)
     except yaml.YAMLError as err:
-        raise ScheduleError(f"{origin} is not valid YAML: {' '.join(str(err).split())}") from err
+        raise InputError(f"{origin} is not valid YAML: {' '.join(str(err).split())}") from err
     except (ScheduleError, TypeError) as err:
         raise ScheduleError(f"{origin}: {err}") from err
     return schedule

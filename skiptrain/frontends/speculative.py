@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers import DynamicCache, PretrainedConfig
 
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.errors import UsageError
@@ -120,6 +120,18 @@ def check_draft_tokens(draft_tokens: int, max_new_tokens: int) -> None:
                          f"0 <= speculative <= {max_new_tokens} draft tokens per verification (0 turns it off)")
 
 
+def check_full_attention(draft_tokens: int, config: PretrainedConfig) -> None:
+    """Refuse speculative decoding (``draft_tokens`` >= 1) of a model whose ``config`` has sliding-window attention.
+
+    Raises:
+        UsageError: naming ``speculative`` and the window.
+    """
+    window = sliding_window_of(config)
+    if draft_tokens and window is not None:
+        raise UsageError(f"speculative={draft_tokens} is invalid for sliding-window attention (sliding_window="
+                         f"{window}): allowed full-attention models; decode with speculative=0")
+
+
 @torch.no_grad()
 def speculative_generate(
     model: nn.Module,
@@ -152,10 +164,7 @@ def speculative_generate(
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1")
     check_draft_tokens(draft_tokens, max_new_tokens)
-    window = sliding_window_of(decoder_parts(model).model.config)
-    if draft_tokens and window is not None:
-        raise UsageError(f"speculative={draft_tokens} is invalid for sliding-window attention (sliding_window="
-                         f"{window}): allowed full-attention models; decode with speculative=0")
+    check_full_attention(draft_tokens, decoder_parts(model).model.config)
     if synced:
         raise UsageError("synced=True is invalid with speculative decoding: its forward calls depend on what each "
                          "rank accepts; allowed synced=False (decode on one process, or without speculation)")
