@@ -34,6 +34,8 @@ def recipe_configs(path: Path) -> list[str]:
 def test_every_recipe_parses_against_the_cli(recipe):
     if "DeepSpeedStrategy" in recipe.read_text() and find_spec("deepspeed") is None:
         pytest.skip(f"{recipe.name} uses DeepSpeed, the optional extra: pip install 'skiptrain[deepspeed]'")
+    if "quantization:" in recipe.read_text() and find_spec("bitsandbytes") is None:
+        pytest.skip(f"{recipe.name} quantizes with bitsandbytes, the optional extra: pip install 'skiptrain[qlora]'")
     cli = _parse(recipe_configs(recipe))
     assert cli.model.schedule_family is not None
     assert cli.datamodule.tokenizer_name == cli.model.model_name, "tokenizer is linked from the model"
