@@ -1,0 +1,49 @@
+"""The vLLM general plugin: registers the skip-aware model classes under their own architecture names.
+
+vLLM calls :func:`register` in every process it starts (``vllm.general_plugins`` entry point). An export is served
+under its schedule by selecting the skip-aware class of its family with ``hf_overrides``, e.g.
+``LLM(model=export, hf_overrides={"architectures": ["SkipLlamaForCausalLM"]})``; without it vLLM serves the export
+densely, as any Hugging Face model directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+SUPPORTED_VLLM = ">=0.32.0,<0.33"
+"""The vLLM releases the plugin is tested with (the ``vllm`` extra pins the same range)."""
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": "SkipLlamaForCausalLM",
+    "MistralForCausalLM": "SkipMistralForCausalLM",
+    "Qwen2ForCausalLM": "SkipQwen2ForCausalLM",
+    "OPTForCausalLM": "SkipOPTForCausalLM",
+}
+"""A model's transformers architecture -> the skip-aware class that serves it under its schedule."""
+
+MODELS_MODULE = "skiptrain.serving.vllm_models"
+
+
+def register() -> None:
+    """Register every skip-aware class with vLLM's model registry (lazily: the module loads when a model needs it)."""
+    from vllm import ModelRegistry
+
+    for name in ARCHITECTURES.values():
+        if name not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(name, f"{MODELS_MODULE}:{name}")
+
+
+def hf_overrides(export: str | os.PathLike) -> dict[str, list[str]]:
+    """The ``hf_overrides`` that serve ``export`` (a model directory) under its schedule: its skip-aware class.
+
+    Raises:
+        ValueError: naming the architectures when no skip-aware class serves them.
+    """
+    architectures = json.loads((Path(export) / "config.json").read_text()).get("architectures") or []
+    for architecture in architectures:
+        if architecture in ARCHITECTURES:
+            return {"architectures": [ARCHITECTURES[architecture]]}
+    raise ValueError(f"config.json architectures={architectures} has no skip-aware vLLM class: allowed "
+                     f"{sorted(ARCHITECTURES)}")
