@@ -39,7 +39,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from skiptrain.export.custom_generate import CONFIG_KEY, SkipScheduleError, read_schedule
 from skiptrain.serving.vllm_prompts import prompts_of
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # vLLM configures the handlers of "vllm" loggers
 
 State = tuple[torch.Tensor, ...]
 """What flows between decoder layers: ``(hidden_states, residual)`` (Llama family) or ``(hidden_states,)`` (OPT)."""
@@ -54,8 +54,8 @@ def check_engine(vllm_config: Any) -> tuple[tuple[int, ...], tuple[tuple[int, ..
     """
     hf_config = vllm_config.model_config.hf_config
     if getattr(hf_config, CONFIG_KEY, None) is None:
-        raise SkipScheduleError(f"{vllm_config.model_config.model} has no '{CONFIG_KEY}' in config.json: the skip-aware "
-                                "classes serve skiptrain exports; serve other models without hf_overrides")
+        raise SkipScheduleError(f"{vllm_config.model_config.model} has no '{CONFIG_KEY}' in config.json: the "
+                                "skip-aware classes serve skiptrain exports; serve other models without hf_overrides")
     schedule = read_schedule(hf_config)
     if vllm_config.cache_config.enable_prefix_caching:
         raise SkipScheduleError("enable_prefix_caching=True is not supported under a skip schedule: a cached block of "
@@ -210,14 +210,17 @@ class LayerSkipper:
         return self.metadata_builder().build(common_prefix_len=0, common_attn_metadata=common)
 
     # -- the forward pass --------------------------------------------------------------------------------------------
+    def every_layer(self, positions: torch.Tensor, state: State) -> State:
+        for layer in self.layers:
+            state = self.call(layer, positions, state)
+        return state
+
     def run(self, input_ids: torch.Tensor | None, positions: torch.Tensor, state: State) -> State:
         """Run every decoder layer on the rows that execute it; the state of the other rows passes unchanged."""
         context = get_forward_context()
         per_layer = context.attn_metadata
         if not per_layer:  # profiling and warm-up runs have no requests: every layer, every row
-            for layer in self.layers:
-                state = self.call(layer, positions, state)
-            return state
+            return self.every_layer(positions, state)
         if not isinstance(per_layer, dict):
             raise SkipScheduleError(f"attention metadata of type {type(per_layer).__name__} is not supported under a "
                                     "skip schedule: allowed one per layer (no speculative decoding, no micro-batching)")
@@ -229,9 +232,7 @@ class LayerSkipper:
                                     "schedule")
         planned = self.codes(input_ids, positions, metadata)
         if planned is None:
-            for layer in self.layers:
-                state = self.call(layer, positions, state)
-            return state
+            return self.every_layer(positions, state)
         code, request = planned
         slots = context.slot_mapping
         saved = {name: (per_layer[name], slots.get(name)) for name in names}

@@ -21,7 +21,7 @@ from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from skiptrain.export.custom_generate import CONFIG_KEY
 
-logger = init_logger(__name__)
+logger = init_logger(f"vllm.{__name__}")  # vLLM configures the handlers of "vllm" loggers
 
 _TABLES: weakref.WeakValueDictionary[int, PromptLengths] = weakref.WeakValueDictionary()
 """``id(vllm_config)`` -> the newest table of that engine (the runner rebuilds its batch once, after profiling)."""
