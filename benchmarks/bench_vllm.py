@@ -12,7 +12,11 @@ docs/serving.md), and a last step joins the parts with the parameter-read limit 
     python -m benchmarks.bench_vllm join --export EXPORT --parts skip.json dense.json own.json \\
         --out benchmarks/results/vllm/smollm2_e2e_flat2x.json                                # the tested venv
 
-Each concurrency is timed ``--passes`` times after one warm-up call; the fastest pass counts.
+Each concurrency is timed ``--passes`` times after one warm-up call; the fastest pass counts. On a shared machine
+run the two vLLM steps at once with ``--turns DIR`` (the same folder for both, ``skip`` started first): both engines
+stay up, but only one works at a time, and they take turns pass by pass (engine start, then each concurrency of
+each pass), so drift in the machine's speed hits both alike. Engines run in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``): on a busy core a step can outlast vLLM's RPC timeout.
 """
 
 from __future__ import annotations
@@ -51,34 +55,56 @@ def machine() -> dict:
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
+class Turns:
+    """Two processes taking turns through a file in ``folder`` (``None``: no partner, every turn is ours)."""
+
+    def __init__(self, folder: Path | None, mine: str, other: str) -> None:
+        self.file, self.mine, self.other = (folder / "turn" if folder else None), mine, other
+        if self.file is not None and mine == "skip":
+            self.file.write_text(mine)
+
+    def __enter__(self) -> None:
+        while self.file is not None and (not self.file.is_file() or self.file.read_text() != self.mine):
+            time.sleep(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.file.write_text(self.other)
+
+
 def run_vllm(args: argparse.Namespace) -> dict:
     """Tokens/s of one vLLM engine (``--mode skip``: the plugin's class; ``dense``: vLLM's own) per concurrency."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
     import vllm
     from vllm import LLM, SamplingParams, TokensPrompt
 
     from skiptrain.serving.vllm_plugin import hf_overrides
 
+    turn = Turns(args.turns, args.mode, "dense" if args.mode == "skip" else "skip")
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids(args.export, max(args.concurrency))]
-    started = time.perf_counter()
-    llm = LLM(model=str(args.export), dtype=args.dtype, enforce_eager=True, enable_prefix_caching=False,
-              max_model_len=512, kv_cache_memory_bytes=1 << 30, seed=0,
-              **({"hf_overrides": hf_overrides(args.export)} if args.mode == "skip" else {}))
-    startup = time.perf_counter() - started
     greedy = {"temperature": 0.0, "ignore_eos": True}
-    llm.generate(prompts[:8], SamplingParams(max_tokens=16, **greedy), use_tqdm=False)  # warm-up
-    rows, outputs = {}, {}
-    for concurrency in args.concurrency:
-        seconds = []
-        for _ in range(args.passes):
-            start = time.perf_counter()
-            done = llm.generate(prompts[:concurrency], SamplingParams(max_tokens=args.new_tokens, **greedy),
-                                use_tqdm=False)
-            seconds.append(time.perf_counter() - start)
+    with turn:
+        started = time.perf_counter()
+        llm = LLM(model=str(args.export), dtype=args.dtype, enforce_eager=True, enable_prefix_caching=False,
+                  max_model_len=512, kv_cache_memory_bytes=256 << 20, seed=0,
+                  **({"hf_overrides": hf_overrides(args.export)} if args.mode == "skip" else {}))
+        startup = time.perf_counter() - started
+        llm.generate(prompts[:8], SamplingParams(max_tokens=16, **greedy), use_tqdm=False)  # warm-up
+    seconds: dict[int, list[float]] = {c: [] for c in args.concurrency}
+    outputs = {}
+    for _ in range(args.passes):
+        for concurrency in args.concurrency:
+            with turn:
+                start = time.perf_counter()
+                done = llm.generate(prompts[:concurrency], SamplingParams(max_tokens=args.new_tokens, **greedy),
+                                    use_tqdm=False)
+                seconds[concurrency].append(time.perf_counter() - start)
             assert all(len(out.outputs[0].token_ids) == args.new_tokens for out in done)
-            print(f"vllm {args.mode} c={concurrency}: {seconds[-1]:.2f} s", flush=True)
-        outputs[str(concurrency)] = [list(out.outputs[0].token_ids) for out in done]
-        rows[str(concurrency)] = {"tokens_per_s": concurrency * args.new_tokens / min(seconds), "seconds": seconds}
+            outputs[str(concurrency)] = [list(out.outputs[0].token_ids) for out in done]
+            print(f"vllm {args.mode} c={concurrency}: {seconds[concurrency][-1]:.2f} s", flush=True)
+    rows = {str(c): {"tokens_per_s": c * args.new_tokens / min(times), "seconds": times}
+            for c, times in seconds.items()}
     return {"frontend": f"vllm_{args.mode}", "vllm": vllm.__version__, "torch": torch.__version__,
             "engine_start_seconds": startup, "concurrency": rows, "token_ids": outputs}
 
@@ -175,10 +201,11 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--parts", nargs="*", default=[])
+    parser.add_argument("--turns", type=Path, default=None, help="take turns with the other vLLM step (see above)")
     args = parser.parse_args()
-    command = "python -m benchmarks.bench_vllm " + " ".join(
-        [args.step] + [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                       if k not in ("step", "export", "parts", "out") and v != []] + ["--export EXPORT"])
+    options = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+               if k not in ("step", "export", "parts", "out", "turns") and v not in ([], None)]
+    command = " ".join(["python -m benchmarks.bench_vllm", args.step, *options, "--export EXPORT"])
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     result = {"vllm": run_vllm, "skiptrain": run_skiptrain, "join": join}[args.step](args)
     if args.step != "join":

@@ -91,6 +91,8 @@ class Group:
 
     layers: tuple[int, ...]
     rows: torch.Tensor | None
+    codes: tuple[int, ...]
+    """The schedule entries (see :attr:`LayerSkipper.sets`) whose tokens are the rows."""
 
 
 class LayerSkipper:
@@ -171,10 +173,10 @@ class LayerSkipper:
                 previous = None
                 continue
             if key == previous:
-                groups[-1] = Group((*groups[-1].layers, index), groups[-1].rows)
+                groups[-1] = Group((*groups[-1].layers, index), groups[-1].rows, key)
                 continue
             rows = None if len(key) == len(present) else torch.isin(code, torch.tensor(key)).nonzero().squeeze(1)
-            groups.append(Group((index,), rows))
+            groups.append(Group((index,), rows, key))
             previous = key
         return groups
 
@@ -236,13 +238,16 @@ class LayerSkipper:
         code, request = planned
         slots = context.slot_mapping
         saved = {name: (per_layer[name], slots.get(name)) for name in names}
+        subsets: dict[tuple[int, ...], Any] = {}  # built once per row set, for every group of those rows
         try:
             for group in self.groups(code):
                 if group.rows is None:
                     for index in group.layers:
                         state = self.call(self.layers[index], positions, state)
                     continue
-                subset = self.subset_metadata(metadata, group.rows, request, positions)
+                if group.codes not in subsets:
+                    subsets[group.codes] = self.subset_metadata(metadata, group.rows, request, positions)
+                subset = subsets[group.codes]
                 for index in group.layers:
                     per_layer[names[index]] = subset
                     slots[names[index]] = subset.slot_mapping
