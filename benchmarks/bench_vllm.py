@@ -176,10 +176,10 @@ def join(args: argparse.Namespace) -> dict:
         }
         entry["vllm_skip_speedup"] = entry["vllm_skip_tokens_per_s"] / entry["vllm_dense_tokens_per_s"]
         entry["vllm_skip_fraction_of_limit"] = entry["vllm_skip_speedup"] / limit
-        agree = [a == b for x, y in zip(skip["token_ids"][concurrency], (own or skip)["token_ids"][concurrency],
-                                        strict=True) for a, b in zip(x, y, strict=True)]
         if own is not None:
             mine = own["concurrency"][concurrency]
+            agree = [a == b for x, y in zip(skip["token_ids"][concurrency], own["token_ids"][concurrency], strict=True)
+                     for a, b in zip(x, y, strict=True)]
             entry |= {"skiptrain_skip_tokens_per_s": mine["skip_tokens_per_s"],
                       "skiptrain_dense_tokens_per_s": mine["dense_tokens_per_s"],
                       "skiptrain_skip_speedup": mine["skip_tokens_per_s"] / mine["dense_tokens_per_s"],
