@@ -41,7 +41,7 @@ from skiptrain.export.format import CUSTOM_GENERATE_FILE, PROMPT_FORMAT_FILE
 from skiptrain.modeling.architectures import ARCHITECTURES
 from skiptrain.modeling.loading import load_tokenizer
 
-HF_FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2", "qwen3", "gemma2", "phi3")
+HF_FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2", "qwen3", "gemma2", "gemma3_text", "phi3")
 FULL_ATTENTION_FAMILIES = tuple(f for f in HF_FAMILIES if sliding_window_of(tiny_config(f)) is None)
 """Those lossless speculative decoding takes (it refuses sliding windows)."""
 PROMPTS = [
@@ -86,7 +86,7 @@ class Recorder(LogitsProcessor):
 
 @pytest.mark.parametrize(("family", "schedule"), [(family, "skipdecode") for family in HF_FAMILIES]
                          + [("llama", "ranked"), ("llama", "hierarchical"), ("mistral-sliding", "skipdecode"),
-                            ("gemma2", "ranked"), ("gemma2", "hierarchical")])
+                            ("gemma2", "ranked"), ("gemma2", "hierarchical"), ("gemma3_text", "ranked")])
 def test_greedy_generate_equals_skiptrain_tokens_and_logits(export, family, schedule):
     path = export(family, schedule)
     tokenizer = load_tokenizer(str(path))

@@ -13,7 +13,7 @@ and the number of new columns) and looks up their executed layer set: prompt col
 ``P``, the input length) run ``prompt_layers``; the token at generated index ``g`` (column ``P + g``) runs
 ``executed_layers[g]``. A gated layer outside that set returns its input unchanged without running: no work, no
 cache entry (by nesting, no later token runs it); the cache decoded into, a :class:`SkipCache`, sizes the attention
-masks by the layers that still run (Gemma 2's sliding and global layers). A call whose columns need different sets
+masks by the layers that still run (Gemma's sliding and global layers). A call whose columns need different sets
 (chunked verification in assisted decoding, or ``use_cache=False`` past the first token when the prompt runs deeper
 than ``E(0)``) cannot be applied layer by layer and is refused, as are unsupported model families and malformed
 schedules.
@@ -59,6 +59,7 @@ DECODER_LAYERS = {
     "qwen2": "model.layers",
     "qwen3": "model.layers",
     "gemma2": "model.layers",
+    "gemma3_text": "model.layers",
     "phi3": "model.layers",
     "opt": "model.decoder.layers",
     "gpt2": "transformer.h",
@@ -189,7 +190,7 @@ class SkipCache(DynamicCache):
 
 
 def _has_layer_kinds(config: Any) -> bool:
-    """Whether a model mixes sliding-window and global attention layers (Gemma 2)."""
+    """Whether a model mixes sliding-window and global attention layers (Gemma 2 and 3)."""
     return len(set(getattr(config, "layer_types", None) or ())) > 1
 
 
