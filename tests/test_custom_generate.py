@@ -329,9 +329,14 @@ def test_masks_of_a_layer_kind_are_sized_by_the_longest_cache_of_that_kind(expor
     assert skip.get_mask_sizes(1, layer_idx=0) == transformers_own.get_mask_sizes(1, layer_idx=0) == (5, 5)
 
 
-def test_a_model_with_layer_kinds_refuses_caches_that_size_masks_by_a_skipped_layer(export):
-    model = hf_skip_model(export("gemma2"))
-    batch = prompt_batch(load_tokenizer(str(export("gemma2"))))
+def test_gemma_decodes_into_a_skip_cache_and_refuses_caches_that_size_masks_by_a_skipped_layer(export):
+    path = export("gemma2")
+    model = hf_skip_model(path)
+    batch = prompt_batch(load_tokenizer(str(path)))
+    model.generation_config.cache_implementation = "hybrid"  # as Gemma checkpoints ship it: a static cache
+    out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
+    assert type(out.cache).__name__ == "SkipCache"  # the export's own copy of the class
+    assert torch.equal(out.sequences[:, batch["input_ids"].shape[1]:], reference(path, batch)[0].tokens)
     with pytest.raises(ValueError, match=r"a DynamicCache was passed for a model with sliding-window and global "
                                          r"layers: allowed none"):
         model.generate(**batch, max_new_tokens=3, cache=DynamicCache(config=model.config))

@@ -194,29 +194,39 @@ def _has_layer_kinds(config: Any) -> bool:
     return len(set(getattr(config, "layer_types", None) or ())) > 1
 
 
-def _generation_cache(model: nn.Module, kwargs: dict[str, Any]) -> SkipCache | None:
-    """The empty cache to decode into, where transformers would make a ``DynamicCache``: a :class:`SkipCache`.
+def _decode_into_skip_cache(model: nn.Module, kwargs: dict[str, Any]) -> None:
+    """Give ``generate`` ``kwargs`` a :class:`SkipCache` where transformers would make a ``DynamicCache``, and where
+    a model with sliding-window and global layers would get a static cache only because its generation config
+    defaults to one (Gemma checkpoints ask for ``"hybrid"``): the tokens are the same, and its masks are right.
 
     Raises:
-        SkipScheduleError: for a model with layer kinds given another cache or another ``cache_implementation``.
+        SkipScheduleError: for a model with layer kinds given another cache, or asked for another
+            ``cache_implementation`` (as an argument or in the ``generation_config`` passed).
     """
+    layer_kinds = _has_layer_kinds(model.config)
     passed = kwargs.get("cache", kwargs.get("past_key_values"))
     if passed is not None:
-        if _has_layer_kinds(model.config) and not isinstance(passed, SkipCache):
+        if layer_kinds and not isinstance(passed, SkipCache):
             raise SkipScheduleError(f"a {type(passed).__name__} was passed for a model with sliding-window and global "
                                     "layers: allowed none (generate makes a cache whose masks follow the layers that "
                                     "run)")
-        return passed
-    config = kwargs.get("generation_config") or model.generation_config
-    implementation = kwargs.get("cache_implementation", config.cache_implementation)
-    if kwargs.get("use_cache", config.use_cache) is False:
-        return None
-    if implementation not in (None, "dynamic"):
-        if _has_layer_kinds(model.config):
-            raise SkipScheduleError(f"cache_implementation={implementation!r} is invalid for a model with "
-                                    "sliding-window and global layers: allowed None or 'dynamic'")
-        return None
-    return SkipCache(config=model.config.get_text_config(decoder=True))
+        return
+    requested = kwargs.get("generation_config")
+    if kwargs.get("use_cache", (requested or model.generation_config).use_cache) is False:
+        return
+    asked = kwargs.get("cache_implementation", getattr(requested, "cache_implementation", None))
+    if asked not in (None, "dynamic"):
+        if layer_kinds:
+            raise SkipScheduleError(f"cache_implementation={asked!r} is invalid for a model with sliding-window and "
+                                    "global layers: allowed None or 'dynamic'")
+        return
+    default = model.generation_config.cache_implementation
+    if asked is None and default not in (None, "dynamic"):
+        if not layer_kinds:
+            return  # the static cache the model's generation config asks for
+        kwargs["cache_implementation"] = None
+    kwargs.pop("past_key_values", None)
+    kwargs["cache"] = SkipCache(config=model.config.get_text_config(decoder=True))
 
 
 def _own_forwards(layers: nn.ModuleList) -> list[Any]:
@@ -327,10 +337,7 @@ def generate(*args: Any, model: nn.Module, sources: Sequence[Source] | None = No
                                 "(0 decodes under the schedule, K >= 1 decodes losslessly with K draft tokens)")
     if speculative_tokens:
         return speculative_generate(model, prompt, speculative_tokens, **kwargs)
-    cache = _generation_cache(model, kwargs)
-    if cache is not None:
-        kwargs.pop("past_key_values", None)
-        kwargs["cache"] = cache
+    _decode_into_skip_cache(model, kwargs)
     with skipping(model, prompt.shape[1]):
         return GenerationMixin.generate(model, *args, **kwargs)
 
