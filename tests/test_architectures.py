@@ -1,8 +1,8 @@
 """Qwen3, Gemma 2, Gemma 3 and Phi-3 through the architecture table: Gemma 2's final logits are soft-capped and its
 attention is eager, Gemma 3's sliding and global layers get their own rotary embeddings, Phi-3's LoRA targets its fused
-projection, and mixture-of-experts models are refused by name. (Parity with
-KV-cached decoding and with transformers: tests/test_forward.py; the per-step work oracle: tests/test_generation.py;
-the custom generate: tests/test_custom_generate.py; export round trips: tests/test_export.py.)"""
+projection, and mixture-of-experts models are refused by name. (Parity with KV-cached decoding and with transformers:
+tests/test_forward.py; the per-step work oracle: tests/test_generation.py; the custom generate:
+tests/test_custom_generate.py; export round trips: tests/test_export.py.)"""
 
 import pytest
 import torch

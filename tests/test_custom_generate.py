@@ -94,6 +94,7 @@ def test_greedy_generate_equals_skiptrain_tokens_and_logits(export, family, sche
     expected, _ = reference(path, batch, return_logits=True)
     model = hf_skip_model(path)
     assert "generate" in vars(model), "trust_remote_code=True installs the export's custom generate"
+    assert batch["input_ids"].shape[1] > (sliding_window_of(model.config) or 0), "the windows cut the prompts"
     recorder = Recorder()
     out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True,
                          output_logits=True, logits_processor=LogitsProcessorList([recorder]))
