@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 from pathlib import Path
 
 RESULTS = Path("benchmarks/results")
@@ -40,12 +41,16 @@ def main() -> None:
     parser.add_argument("--ceiling", required=True, help="the dense run the shares are of")
     parser.add_argument("--metric", default="bleu", help="bleu (E2E) or rouge_l")
     parser.add_argument("--record", action="store_true", help="also write NAME.train.json beside the scores")
+    parser.add_argument("--only", metavar="LEVER", help="only the runs with this lever (e.g. fp32: rows trained "
+                        "side by side with their own ceiling)")
     args = parser.parse_args()
     folder = RESULTS / args.study / "study"
     scores: dict[str, dict[str, dict]] = {}
     for split in SPLITS:
         for path in sorted(folder.glob(f"*.{split}.json")):
-            scores.setdefault(path.name.rsplit(".", 2)[0], {})[split] = json.loads(path.read_text())
+            name = path.name.rsplit(".", 2)[0]
+            if args.only is None or args.only in re.sub(r"_s\d+$", "", name.split("@")[0]).split("+"):
+                scores.setdefault(name, {})[split] = json.loads(path.read_text())
     ceiling = ceiling_means(scores, args.ceiling, args.metric)
     print(f"| run | dev {args.metric} | matched dev {args.metric} | matched dev share | test {args.metric} "
           "| test share of ceiling | test ROUGE-L | test ROUGE-1/2 | mean layers / generated token (test) "

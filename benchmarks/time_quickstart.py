@@ -9,6 +9,11 @@ inflates least: on an idle machine a one-thread run's wall time is about its ``c
     python benchmarks/time_quickstart.py --out benchmarks/results/quickstart_auto.json [--cpus 0,1]
     python benchmarks/time_quickstart.py --out benchmarks/results/quickstart_avx2_fp32.json --emulate_avx2
     python benchmarks/time_quickstart.py --out x.json --threads 1 -- --trainer.max_steps 20
+    python benchmarks/time_quickstart.py --out benchmarks/results/quickstart/auto_calibrate.json --cpus 0 --threads 1 \
+        --calibrate runs/quickstart_calib
+
+``--calibrate DIR`` then times the README's calibrate command on the run's last checkpoint (its outputs in ``DIR``,
+replaced) and records its wall and CPU time and its ``summary.json`` (the setting and the schedules it chose).
 
 ``--emulate_avx2`` makes torch, oneDNN and MKL dispatch AVX2 kernels only (``ATEN_CPU_CAPABILITY=avx2``,
 ``ONEDNN_MAX_CPU_ISA=AVX2``, ``MKL_ENABLE_INSTRUCTIONS=AVX2``): a CPU without native bf16, where ``auto`` resolves
@@ -67,6 +72,27 @@ def read_metrics(run_dir: Path) -> dict:
             "final": {k: v for k, v in last.items() if k != "step"}}
 
 
+def time_calibrate(run_dir: Path, out_dir: Path, pin: list[str], env: dict, out: Path) -> dict:
+    """Run the README's calibrate command on the run's last checkpoint and time it (log beside ``out``)."""
+    checkpoint = max(run_dir.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime)
+    subprocess.run(["rm", "-rf", str(out_dir)], check=True)
+    command = [sys.executable, "-m", "skiptrain", "calibrate", "--config", "recipes/quickstart.yaml",
+               "--ckpt_path", str(checkpoint), "--output_dir", str(out_dir)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    result = subprocess.run([*pin, *command], env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out.with_suffix(".calibrate.log").write_text(result.stdout + result.stderr)
+    summary = out_dir / "summary.json"
+    record = {"command": " ".join(["python", *command[1:]]), "exit_code": result.returncode, "wall_s": round(wall, 1),
+              "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
+              "outputs": sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []}
+    if summary.is_file():
+        record["summary"] = json.loads(summary.read_text())
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -76,6 +102,7 @@ def main() -> None:
     parser.add_argument("--cpus", help="pin to these CPUs with taskset, e.g. 0,1")
     parser.add_argument("--phases", action="store_true",
                         help="also clock setup, steps and validations in CPU time (benchmarks/phase_clock.py)")
+    parser.add_argument("--calibrate", metavar="DIR", help="then time calibrate on the run's checkpoint, into DIR")
     parser.add_argument("fit_args", nargs="*", help="extra arguments for the fit command (after --)")
     args = parser.parse_args()
 
@@ -120,6 +147,9 @@ def main() -> None:
     }
     if args.phases and phases.exists():
         record["phases"] = json.loads(phases.read_text())
+    if args.calibrate and result.returncode == 0:
+        record["calibrate"] = time_calibrate(run_dir, Path(args.calibrate), pin, env, Path(args.out))
+        result.returncode = record["calibrate"]["exit_code"]
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     sys.exit(result.returncode)

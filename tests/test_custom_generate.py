@@ -16,22 +16,34 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers.schedules import random_family
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, TextStreamer, pipeline
+from helpers.tiny_models import tiny_config
+from transformers import (
+    AutoModelForCausalLM,
+    DynamicCache,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TextStreamer,
+    pipeline,
+)
 
 from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forward
 from skiptrain.core.schedules import ScheduleError, SkipSchedule
 from skiptrain.export.custom_generate import (
     DECODER_LAYERS,
-    UNSUPPORTED,
+    SkipCache,
     SkipScheduleError,
     decoder_layers,
     read_schedule,
+    skipping,
+    sliding_window_of,
 )
 from skiptrain.export.format import CUSTOM_GENERATE_FILE, PROMPT_FORMAT_FILE
 from skiptrain.modeling.architectures import ARCHITECTURES
 from skiptrain.modeling.loading import load_tokenizer
 
-HF_FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2", "qwen3", "phi3")
+HF_FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2", "qwen3", "gemma2", "gemma3_text", "phi3")
+FULL_ATTENTION_FAMILIES = tuple(f for f in HF_FAMILIES if sliding_window_of(tiny_config(f)) is None)
+"""Those lossless speculative decoding takes (it refuses sliding windows)."""
 PROMPTS = [
     "Describe the weather in one sentence. Forecast: city[Oslo], day[Monday]",
     "The council met",
@@ -73,7 +85,8 @@ class Recorder(LogitsProcessor):
 
 
 @pytest.mark.parametrize(("family", "schedule"), [(family, "skipdecode") for family in HF_FAMILIES]
-                         + [("llama", "ranked"), ("llama", "hierarchical"), ("mistral-sliding", "skipdecode")])
+                         + [("llama", "ranked"), ("llama", "hierarchical"), ("mistral-sliding", "skipdecode"),
+                            ("gemma2", "ranked"), ("gemma2", "hierarchical"), ("gemma3_text", "ranked")])
 def test_greedy_generate_equals_skiptrain_tokens_and_logits(export, family, schedule):
     path = export(family, schedule)
     tokenizer = load_tokenizer(str(path))
@@ -81,6 +94,7 @@ def test_greedy_generate_equals_skiptrain_tokens_and_logits(export, family, sche
     expected, _ = reference(path, batch, return_logits=True)
     model = hf_skip_model(path)
     assert "generate" in vars(model), "trust_remote_code=True installs the export's custom generate"
+    assert batch["input_ids"].shape[1] > (sliding_window_of(model.config) or 0), "the windows cut the prompts"
     recorder = Recorder()
     out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True,
                          output_logits=True, logits_processor=LogitsProcessorList([recorder]))
@@ -193,7 +207,7 @@ def test_plain_from_pretrained_still_loads_and_decodes_densely(export):
     assert torch.equal(out[:, batch["input_ids"].shape[1]:], dense.tokens)
 
 
-@pytest.mark.parametrize("family", HF_FAMILIES)
+@pytest.mark.parametrize("family", FULL_ATTENTION_FAMILIES)
 @pytest.mark.parametrize("draft_tokens", [1, 3])
 def test_speculative_tokens_give_transformers_own_full_depth_greedy_output(export, family, draft_tokens):
     path = export(family)
@@ -229,6 +243,10 @@ def test_the_speculative_mode_refuses_what_it_cannot_take(export):
         model.generate(**batch, max_new_tokens=3, speculative_tokens=4)
     with pytest.raises(ValueError, match=r"does not take \['num_beams'\]"):
         model.generate(**batch, max_new_tokens=3, speculative_tokens=2, num_beams=2)
+    gemma2 = hf_skip_model(export("gemma2"))  # rejected drafts stay as padding inside the window
+    with pytest.raises(ValueError, match=r"speculative_tokens=2 is invalid for sliding-window attention "
+                                         r"\(sliding_window=5\): allowed full-attention models"):
+        gemma2.generate(**batch, max_new_tokens=3, speculative_tokens=2)
 
 
 def test_calls_it_cannot_apply_exactly_are_refused(export):
@@ -292,16 +310,40 @@ def test_the_export_ships_a_self_contained_copy(export):
     config = json.loads((export("llama") / "config.json").read_text())
     assert "auto_map" not in config, "the model class stays transformers' own"
     # the same layers skiptrain's own forward drives, for every architecture in its table
-    assert DECODER_LAYERS == {name: entry.layers_path for name, entry in ARCHITECTURES.items()
-                              if name not in UNSUPPORTED}
-    assert set(UNSUPPORTED) <= set(ARCHITECTURES), "refused by name, with the reason"
+    assert DECODER_LAYERS == {name: entry.layers_path for name, entry in ARCHITECTURES.items()}
 
 
-def test_gemma2_is_refused_with_its_reason(export):
+def test_masks_of_a_layer_kind_are_sized_by_the_longest_cache_of_that_kind(export):
+    """The first generated token skips layer 1, Gemma 2's first global layer: transformers sizes the global layers'
+    mask by it, one column short of the global layers that run; the skip cache sizes it by them."""
     model = hf_skip_model(export("gemma2"))
-    with pytest.raises(ValueError, match="model_type='gemma2' is not supported by the skip schedule's custom "
-                                         "generate: .*decode with skiptrain generate"):
-        model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=2)
+    prompt = torch.arange(3, 11)[None]  # 8 columns, past the sliding window of 5
+    caches = SkipCache(config=model.config), DynamicCache(config=model.config)
+    for cache in caches:
+        with skipping(model, prompt.shape[1]), torch.no_grad():
+            model(input_ids=prompt, cache=cache)
+            model(input_ids=torch.tensor([[11]]), cache=cache)  # generated index 0 runs layers 0, 2, 3, 4, 5
+    skip, transformers_own = caches
+    assert [layer.get_seq_length() for layer in skip.layers] == [9, 8, 9, 9, 9, 9]
+    assert skip.get_mask_sizes(1, layer_idx=1) == skip.layers[3].get_mask_sizes(1) == (10, 0)
+    assert transformers_own.get_mask_sizes(1, layer_idx=1) == (9, 0)
+    assert skip.get_mask_sizes(1, layer_idx=0) == transformers_own.get_mask_sizes(1, layer_idx=0) == (5, 5)
+
+
+def test_gemma_decodes_into_a_skip_cache_and_refuses_caches_that_size_masks_by_a_skipped_layer(export):
+    path = export("gemma2")
+    model = hf_skip_model(path)
+    batch = prompt_batch(load_tokenizer(str(path)))
+    model.generation_config.cache_implementation = "hybrid"  # as Gemma checkpoints ship it: a static cache
+    out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
+    assert type(out.cache).__name__ == "SkipCache"  # the export's own copy of the class
+    assert torch.equal(out.sequences[:, batch["input_ids"].shape[1]:], reference(path, batch)[0].tokens)
+    with pytest.raises(ValueError, match=r"a DynamicCache was passed for a model with sliding-window and global "
+                                         r"layers: allowed none"):
+        model.generate(**batch, max_new_tokens=3, cache=DynamicCache(config=model.config))
+    with pytest.raises(ValueError, match=r"cache_implementation='static' is invalid for a model with sliding-window "
+                                         r"and global layers: allowed None or 'dynamic'"):
+        model.generate(**batch, max_new_tokens=3, cache_implementation="static")
 
 
 def _explicit(num_layers: int = 6, **changes) -> dict:

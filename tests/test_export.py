@@ -67,7 +67,7 @@ def with_continuation(ids: torch.Tensor, mask: torch.Tensor, length: int = 6) ->
 
 
 # -- round trips -----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("family", ["llama", "opt", "gpt2", "qwen3", "gemma2", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "opt", "gpt2", "qwen3", "gemma2", "gemma3_text", "phi3"])
 def test_round_trip_through_plain_transformers_and_skiptrain(family, trained):
     run = trained(family)
     module = run.cli.model

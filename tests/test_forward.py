@@ -142,7 +142,7 @@ def test_refusals():
         skip_forward(flash, ids, mask, Dense().build(NUM_LAYERS), 6)
     bert_like = tiny_model("llama", NUM_LAYERS)
     bert_like.config.model_type = "falcon"
-    with pytest.raises(ValueError, match="model_type='falcon' is not supported.*allowed \\['gemma2', 'gpt2', 'llama'"):
+    with pytest.raises(ValueError, match="model_type='falcon' is not supported.*allowed \\['gemma2', 'gemma3_text'"):
         skip_forward(bert_like, ids, mask, Dense().build(NUM_LAYERS), 6)
     opt = tiny_model("opt", NUM_LAYERS).train()
     opt.config.layerdrop = 0.1

@@ -13,7 +13,7 @@ from skiptrain.modeling.architectures import decoder_parts
     Ranked(min_layers=2, max_layers=5, decay_tokens=3, ranking=(3, 0, 1, 5, 2, 4)),
     Hierarchical(phase_boundaries=(1, 3)),
 ], ids=lambda f: f.name)
-@pytest.mark.parametrize("architecture", ["opt", "qwen3", "gemma2", "phi3"])
+@pytest.mark.parametrize("architecture", ["opt", "qwen3", "gemma2", "gemma3_text", "phi3"])
 def test_each_step_runs_only_the_executed_layers(family, architecture):
     model = tiny_model(architecture, 6)
     schedule = family.build(6)

@@ -12,9 +12,11 @@ the call. Before each forward call of the model, a hook reads which columns the 
 and the number of new columns) and looks up their executed layer set: prompt columns (left of the prompt end
 ``P``, the input length) run ``prompt_layers``; the token at generated index ``g`` (column ``P + g``) runs
 ``executed_layers[g]``. A gated layer outside that set returns its input unchanged without running: no work, no
-cache entry (by nesting, no later token runs it). A call whose columns need different sets (chunked verification
-in assisted decoding, or ``use_cache=False`` past the first token when the prompt runs deeper than ``E(0)``)
-cannot be applied layer by layer and is refused, as are unsupported model families and malformed schedules.
+cache entry (by nesting, no later token runs it); the cache decoded into, a :class:`SkipCache`, sizes the attention
+masks by the layers that still run (Gemma's sliding and global layers). A call whose columns need different sets
+(chunked verification in assisted decoding, or ``use_cache=False`` past the first token when the prompt runs deeper
+than ``E(0)``) cannot be applied layer by layer and is refused, as are unsupported model families and malformed
+schedules.
 
 With ``speculative_tokens=K`` (K >= 1) the output is instead exactly full-depth decoding, and the schedule only buys
 speed (lossless self-speculative decoding, :func:`speculate`): the schedule drafts K tokens one column at a time,
@@ -56,16 +58,11 @@ DECODER_LAYERS = {
     "mistral": "model.layers",
     "qwen2": "model.layers",
     "qwen3": "model.layers",
+    "gemma2": "model.layers",
+    "gemma3_text": "model.layers",
     "phi3": "model.layers",
     "opt": "model.decoder.layers",
     "gpt2": "transformer.h",
-}
-
-
-# model_type -> why the custom generate cannot decode it exactly (skiptrain's own generate can)
-UNSUPPORTED = {
-    "gemma2": "transformers sizes each call's global-attention mask by the first global layer, whose cache the "
-              "schedule can leave short",
 }
 
 
@@ -108,10 +105,6 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     Raises:
         SkipScheduleError: naming the ``model_type`` and the supported ones.
     """
-    if model.config.model_type in UNSUPPORTED:
-        raise SkipScheduleError(f"model_type={model.config.model_type!r} is not supported by the skip schedule's "
-                                f"custom generate: {UNSUPPORTED[model.config.model_type]}; decode with skiptrain "
-                                "generate")
     path = DECODER_LAYERS.get(model.config.model_type)
     if path is None:
         raise SkipScheduleError(f"model_type={model.config.model_type!r} is not supported by the skip schedule's "
@@ -171,6 +164,69 @@ class ColumnGate:
 
         run_or_skip.skip_gate = True
         return run_or_skip
+
+
+class SkipCache(DynamicCache):
+    """transformers' ``DynamicCache``, with each call's attention masks sized by the longest cache of a layer's kind.
+
+    transformers sizes the masks of every sliding (or every global) layer by the first layer of that kind. Under a
+    schedule that layer may have been skipped, and its cache then ends early (Gemma 2's first global layer is layer 1);
+    every layer that still runs holds every earlier column, so the longest cache of the kind is theirs. With a single
+    kind of layer the longest is layer 0's, which always runs: the masks are transformers' own.
+    """
+
+    def _longest_of_kind(self, layer_idx: int) -> int:
+        if layer_idx >= len(self.layers):  # not made yet (a cache built without a config)
+            return layer_idx
+        kind = self.is_sliding[layer_idx]
+        same = [i for i, sliding in enumerate(self.is_sliding) if sliding == kind]
+        return max(same, key=lambda i: self.layers[i].get_seq_length())
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return super().get_mask_sizes(query_length, self._longest_of_kind(layer_idx))
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return super().get_query_offset(self._longest_of_kind(layer_idx))
+
+
+def _has_layer_kinds(config: Any) -> bool:
+    """Whether a model mixes sliding-window and global attention layers (Gemma 2 and 3)."""
+    return len(set(getattr(config, "layer_types", None) or ())) > 1
+
+
+def _decode_into_skip_cache(model: nn.Module, kwargs: dict[str, Any]) -> None:
+    """Give ``generate`` ``kwargs`` a :class:`SkipCache` where transformers would make a ``DynamicCache``, and where
+    a model with sliding-window and global layers would get a static cache only because its generation config
+    defaults to one (Gemma checkpoints ask for ``"hybrid"``): the tokens are the same, and its masks are right.
+
+    Raises:
+        SkipScheduleError: for a model with layer kinds given another cache, or asked for another
+            ``cache_implementation`` (as an argument or in the ``generation_config`` passed).
+    """
+    layer_kinds = _has_layer_kinds(model.config)
+    passed = kwargs.get("cache", kwargs.get("past_key_values"))
+    if passed is not None:
+        if layer_kinds and not isinstance(passed, SkipCache):
+            raise SkipScheduleError(f"a {type(passed).__name__} was passed for a model with sliding-window and global "
+                                    "layers: allowed none (generate makes a cache whose masks follow the layers that "
+                                    "run)")
+        return
+    requested = kwargs.get("generation_config")
+    if kwargs.get("use_cache", (requested or model.generation_config).use_cache) is False:
+        return
+    asked = kwargs.get("cache_implementation", getattr(requested, "cache_implementation", None))
+    if asked not in (None, "dynamic"):
+        if layer_kinds:
+            raise SkipScheduleError(f"cache_implementation={asked!r} is invalid for a model with sliding-window and "
+                                    "global layers: allowed None or 'dynamic'")
+        return
+    default = model.generation_config.cache_implementation
+    if asked is None and default not in (None, "dynamic"):
+        if not layer_kinds:
+            return  # the static cache the model's generation config asks for
+        kwargs["cache_implementation"] = None
+    kwargs.pop("past_key_values", None)
+    kwargs["cache"] = SkipCache(config=model.config.get_text_config(decoder=True))
 
 
 def _own_forwards(layers: nn.ModuleList) -> list[Any]:
@@ -260,7 +316,8 @@ def generate(*args: Any, model: nn.Module, sources: Sequence[Source] | None = No
 
     Raises:
         SkipScheduleError: for a malformed schedule, an unsupported family, right padding, a non-empty cache passed
-            in, or a forward call whose columns need different layer sets.
+            in (for a model with sliding-window and global layers, any cache but a :class:`SkipCache`), or a forward
+            call whose columns need different layer sets.
     """
     if sources is not None:
         if args or any(kwargs.get(name) is not None for name in ("inputs", "input_ids", "inputs_embeds")):
@@ -280,6 +337,7 @@ def generate(*args: Any, model: nn.Module, sources: Sequence[Source] | None = No
                                 "(0 decodes under the schedule, K >= 1 decodes losslessly with K draft tokens)")
     if speculative_tokens:
         return speculative_generate(model, prompt, speculative_tokens, **kwargs)
+    _decode_into_skip_cache(model, kwargs)
     with skipping(model, prompt.shape[1]):
         return GenerationMixin.generate(model, *args, **kwargs)
 
@@ -528,7 +586,7 @@ class GatedSteps:
 
     def __init__(self, model: nn.Module, gate: ColumnGate) -> None:
         self.model, self.gate = model, gate
-        self.cache = DynamicCache(config=model.config)
+        self.cache = SkipCache(config=model.config)
         self.every_layer = frozenset(range(model.config.num_hidden_layers))
 
     def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: frozenset[int],

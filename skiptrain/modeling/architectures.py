@@ -2,9 +2,10 @@
 
 The skip-aware forward drives a model's own decoder layers from a small loop (:mod:`skiptrain.modeling.forward`).
 Around the layers it needs three architecture-specific pieces, kept here as one table so that adding an
-architecture is one entry: how token embeddings (and learned positions) are made, which per-column inputs every
-layer receives besides the hidden states (rotary position embeddings, position ids), and the final norm. The entry
-also names the default LoRA targets. Everything else (attention, caches, masks, the LM head) is the model's own code.
+architecture is one entry: how token embeddings (and learned positions) are made, which per-column inputs each
+kind of layer receives besides the hidden states (rotary position embeddings, position ids), and the final norm. The
+entry also names the default LoRA targets. Everything else (attention, caches, masks, the LM head) is the model's own
+code.
 ``custom_generate``'s own table of decoder layers (it cannot import skiptrain) is tested to agree with this one.
 """
 
@@ -37,8 +38,9 @@ class Architecture:
         decoder_path: Dotted attribute path from the ``*ForCausalLM`` model to the decoder body.
         layers_attr: Attribute of the decoder body holding the ``nn.ModuleList`` of decoder layers.
         embed: ``(decoder, input_ids, position_ids) -> hidden`` for the given columns.
-        column_inputs: ``(decoder, hidden, position_ids) -> kwargs`` every layer receives besides the hidden
-            states; each tensor (or tuple of tensors) is indexed by column along dim 1.
+        column_inputs: ``(decoder, hidden, position_ids, layer_type) -> kwargs`` every layer of that kind
+            (``config.layer_types``: ``full_attention`` or ``sliding_attention``) receives besides the hidden states;
+            each tensor (or tuple of tensors) is indexed by column along dim 1.
         final: ``(decoder, hidden) -> hidden`` after the last layer, before the LM head.
         lora_targets: The default LoRA target modules: the attention projections.
         attention: The attention implementations the architecture supports (the first is used when the requested
@@ -48,7 +50,7 @@ class Architecture:
     decoder_path: str
     layers_attr: str
     embed: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-    column_inputs: Callable[[nn.Module, torch.Tensor, torch.Tensor], dict[str, Any]]
+    column_inputs: Callable[[nn.Module, torch.Tensor, torch.Tensor, str], dict[str, Any]]
     final: Callable[[nn.Module, torch.Tensor], torch.Tensor]
     lora_targets: tuple[str, ...]
     attention: tuple[str, ...] = SUPPORTED_ATTENTION
@@ -59,8 +61,20 @@ class Architecture:
         return f"{self.decoder_path}.{self.layers_attr}"
 
 
-def _llama_column_inputs(decoder: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
+def _llama_column_inputs(decoder: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor,
+                         layer_type: str) -> dict[str, Any]:
     return {"position_ids": position_ids, "position_embeddings": decoder.rotary_emb(hidden, position_ids)}
+
+
+def _gemma3_column_inputs(decoder: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor,
+                          layer_type: str) -> dict[str, Any]:
+    """Gemma 3 rotates sliding (local) and global layers' positions with different base frequencies."""
+    return {"position_ids": position_ids, "position_embeddings": decoder.rotary_emb(hidden, position_ids, layer_type)}
+
+
+def _positions_only(decoder: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor,
+                    layer_type: str) -> dict[str, Any]:
+    return {"position_ids": position_ids}
 
 
 def _opt_embed(decoder: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -94,12 +108,15 @@ ARCHITECTURES: dict[str, Architecture] = {
     # DecoderParts.layer_masks), attention logits are soft-capped inside the attention, which sdpa cannot do, and
     # final logits are soft-capped after the LM head (DecoderParts.logits).
     "gemma2": dataclasses.replace(_LLAMA_LAYOUT, attention=("eager",)),
+    # Gemma 3 (text): sliding and global layers in a pattern (five to one), each kind with its own rotary base
+    # frequency; its q/k norms are inside the attention. It has no attention-logit soft-capping, so sdpa runs it.
+    "gemma3_text": dataclasses.replace(_LLAMA_LAYOUT, column_inputs=_gemma3_column_inputs),
     "phi3": dataclasses.replace(_LLAMA_LAYOUT, lora_targets=("qkv_proj", "o_proj")),  # fused q/k/v projection
     "opt": Architecture(
         decoder_path="model.decoder",
         layers_attr="layers",
         embed=_opt_embed,
-        column_inputs=lambda decoder, hidden, position_ids: {"position_ids": position_ids},
+        column_inputs=_positions_only,
         final=_opt_final,
         lora_targets=("q_proj", "k_proj", "v_proj", "out_proj"),
     ),
@@ -109,7 +126,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         embed=lambda decoder, input_ids, position_ids: decoder.drop(
             decoder.wte(input_ids) + decoder.wpe(position_ids)
         ),
-        column_inputs=lambda decoder, hidden, position_ids: {"position_ids": position_ids},
+        column_inputs=_positions_only,
         final=lambda decoder, hidden: decoder.ln_f(hidden),
         lora_targets=("c_attn",),
     ),
@@ -173,6 +190,22 @@ class DecoderParts:
         cap = getattr(self.model.config, "final_logit_softcapping", None)
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
+    @property
+    def layer_types(self) -> list[str]:
+        """Each layer's kind: ``config.layer_types``, or one kind for all (sliding where a window is set)."""
+        config = self.model.config
+        kinds = getattr(config, "layer_types", None)
+        if kinds is not None:
+            return list(kinds)
+        sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+        return ["sliding_attention" if sliding else "full_attention"] * self.num_layers
+
+    def layer_inputs(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> list[dict[str, Any]]:
+        """The per-column inputs each layer gets for these columns, made once per kind of layer."""
+        kinds = self.layer_types
+        made = {kind: self.architecture.column_inputs(self.decoder, hidden, position_ids, kind) for kind in set(kinds)}
+        return [made[kind] for kind in kinds]
+
     def layer_masks(
         self,
         hidden: torch.Tensor,
@@ -182,12 +215,7 @@ class DecoderParts:
     ) -> list[torch.Tensor | None]:
         """The attention mask each layer gets for these columns, built by transformers' own mask functions."""
         config = self.model.config
-        kinds = getattr(config, "layer_types", None)
-        if kinds is None:
-            sliding = getattr(config, "sliding_window", None) is not None and getattr(
-                config, "use_sliding_window", True
-            )
-            kinds = ["sliding_attention" if sliding else "full_attention"] * self.num_layers
+        kinds = self.layer_types
         builders = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
         made = {
             kind: builders[kind](
@@ -237,6 +265,9 @@ def decoder_parts(model: nn.Module) -> DecoderParts:
             f"attn_implementation={attention!r} is not supported by the skip-aware forward for "
             f"model_type={config.model_type!r}: allowed {list(found.attention)}"
         )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ModelError("use_bidirectional_attention=True is not supported: the skip-aware forward and decoding are "
+                         "causal; set use_bidirectional_attention=false")
     if getattr(config, "layerdrop", 0.0) and base.training:
         raise ModelError(
             f"layerdrop={config.layerdrop} is not supported: random layer dropping conflicts with the schedule "

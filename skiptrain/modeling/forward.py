@@ -104,7 +104,7 @@ def skip_hidden_states(
     position_ids = position_ids_from_mask(attention_mask)[:, past:]  # [B, q]
     hidden = parts.architecture.embed(parts.decoder, input_ids, position_ids)  # [B, q, H]
     masks = parts.layer_masks(hidden, attention_mask, cache, position_ids)
-    column_inputs = parts.architecture.column_inputs(parts.decoder, hidden, position_ids)
+    column_inputs = parts.layer_inputs(hidden, position_ids)
     run_lengths = schedule.layer_run_lengths(prompt_length, past + num_new)
     for layer_index, layer in enumerate(parts.layers):
         length = min(max(run_lengths[layer_index] - past, 0), num_new)  # new columns that run this layer
@@ -116,7 +116,7 @@ def skip_hidden_states(
             attention_mask=_mask_prefix(masks[layer_index], called, num_new),
             cache=cache,
             use_cache=cache is not None,
-            **{name: _prefix(value, called) for name, value in column_inputs.items()},
+            **{name: _prefix(value, called) for name, value in column_inputs[layer_index].items()},
         )
         if length == 0:
             hidden = _KeepInGraph.apply(hidden, layer_out)

@@ -6,6 +6,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
+    Gemma3TextConfig,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
@@ -21,7 +22,8 @@ from skiptrain.modeling.architectures import attention_for
 
 # "mistral-sliding" is Mistral with a sliding window of 4 columns, shorter than every test sequence, so that the
 # sliding-window attention masks are built and used (the other Mistral has none).
-ARCHITECTURES = ("opt", "llama", "gpt2", "mistral", "mistral-sliding", "qwen2", "qwen3", "gemma2", "phi3")
+ARCHITECTURES = ("opt", "llama", "gpt2", "mistral", "mistral-sliding", "qwen2", "qwen3", "gemma2", "gemma3_text",
+                 "phi3")
 SLIDING_WINDOW = 4
 
 
@@ -43,6 +45,11 @@ def tiny_config(model_type: str, num_layers: int = 6, vocab_size: int = 97, widt
         # alternating sliding (window 5, shorter than the tests' sequences) and global layers, both soft-cappings
         "gemma2": lambda: Gemma2Config(head_dim=width // 4, sliding_window=5, final_logit_softcapping=3.0,
                                        attn_logit_softcapping=5.0, **llama_like),
+        # two sliding layers (window 5) to one global layer, so that the schedules skip a first global layer (2);
+        # local and global rotary base frequencies differ (10^4 and 10^6, the defaults)
+        "gemma3_text": lambda: Gemma3TextConfig(
+            head_dim=width // 4, sliding_window=5, **llama_like,
+            layer_types=["full_attention" if i % 3 == 2 else "sliding_attention" for i in range(num_layers)]),
         "phi3": lambda: Phi3Config(**llama_like),
         "gpt2": lambda: GPT2Config(n_embd=width, n_layer=num_layers, n_head=4, n_positions=256, **common),
     }
