@@ -20,6 +20,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from skiptrain.export.custom_generate import CONFIG_KEY
+from skiptrain.serving.vllm_plugin import ARCHITECTURES
 
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures the handlers of "vllm" loggers
 
@@ -30,7 +31,7 @@ _TABLES: weakref.WeakValueDictionary[int, PromptLengths] = weakref.WeakValueDict
 class PromptLengths(LogitsProcessor):
     """The prompt token ids of every request in vLLM's persistent batch, by batch index; logits pass unchanged.
 
-    Inert (one dictionary lookup per step) for models that are not skiptrain exports.
+    Inert (one check per step) for models that are not skiptrain exports.
     """
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
@@ -40,8 +41,6 @@ class PromptLengths(LogitsProcessor):
         if not self.active:
             return
         _TABLES[id(vllm_config)] = self
-        from skiptrain.serving.vllm_plugin import ARCHITECTURES
-
         served = set(vllm_config.model_config.architectures or ())
         if not served & set(ARCHITECTURES.values()):
             logger.warning("skiptrain: %s is an export with a skip schedule, served densely (architectures=%s); "
