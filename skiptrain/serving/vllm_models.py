@@ -131,7 +131,8 @@ class LayerSkipper:
         table = prompts_of(self.vllm_config)
         if table is None:
             raise SkipScheduleError("skiptrain's prompt-length table was not made: the skiptrain entry point of "
-                                    "vllm.logits_processors is not installed (pip install 'skiptrain[vllm]')")
+                                    "vllm.logits_processors is not installed (install skiptrain into vLLM's "
+                                    "environment: docs/serving.md)")
         if not table.prompts and bool((metadata.slot_mapping < 0).all()):
             return None  # a dummy run (profiling, warm-up): no request, no cache write
         starts = metadata.query_start_loc.tolist()

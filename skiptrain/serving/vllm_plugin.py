@@ -9,11 +9,12 @@ densely, as any Hugging Face model directory.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 SUPPORTED_VLLM = ">=0.32.0,<0.33"
-"""The vLLM releases the plugin is tested with (the ``vllm`` extra pins the same range)."""
+"""The vLLM releases the plugin is tested with; :func:`register` warns outside them (docs/serving.md)."""
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "SkipLlamaForCausalLM",
@@ -28,8 +29,16 @@ MODELS_MODULE = "skiptrain.serving.vllm_models"
 
 def register() -> None:
     """Register every skip-aware class with vLLM's model registry (lazily: the module loads when a model needs it)."""
+    import vllm
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
     from vllm import ModelRegistry
 
+    installed = Version(vllm.__version__.split("+")[0])
+    if installed not in SpecifierSet(SUPPORTED_VLLM):
+        logging.getLogger(__name__).warning(
+            "skiptrain's vLLM plugin is tested with vllm%s, not %s: check that exports still decode exactly "
+            "(docs/serving.md, tests/test_vllm.py) before serving", SUPPORTED_VLLM, installed)
     for name in ARCHITECTURES.values():
         if name not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(name, f"{MODELS_MODULE}:{name}")
