@@ -32,9 +32,14 @@ for lever in "$@"; do
 done
 export OMP_NUM_THREADS=${THREADS:-1}
 if [ ! -e "$run/last.ckpt" ]; then
+  # A run that was stopped resumes from its newest last.ckpt (the study bases save one every 25 steps); its
+  # wall_seconds is then the last attempt's, and resumed_from says so.
+  resume=$(ls -t "$run"/lightning_logs/version_*/checkpoints/last.ckpt 2>/dev/null | head -n 1 || true)
+  [ -z "$resume" ] || echo "$resume" >> "$run/resumed_from"
   started=$(date +%s)
   taskset -c "${CORE:-1}" python -m skiptrain fit "${configs[@]}" --seed_everything "$seed" \
-    --trainer.default_root_dir "$run" --trainer.logger CSVLogger --trainer.logger.save_dir "$run"
+    --trainer.default_root_dir "$run" --trainer.logger CSVLogger --trainer.logger.save_dir "$run" \
+    ${resume:+--ckpt_path "$resume"}
   echo $(( $(date +%s) - started )) > "$run/wall_seconds"
   ln -sf "$(ls -t "$run"/lightning_logs/version_*/checkpoints/last.ckpt | head -n 1 | sed "s|^$run/||")" "$run/last.ckpt"
 fi
