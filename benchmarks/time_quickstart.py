@@ -72,22 +72,29 @@ def read_metrics(run_dir: Path) -> dict:
             "final": {k: v for k, v in last.items() if k != "step"}}
 
 
+def timed_run(command: list[str], env: dict, log: Path) -> tuple[int, str, float, float]:
+    """Run ``command``, write its output to ``log``: ``(exit code, output, wall seconds, CPU seconds)``, the CPU
+    time (user + system) being the command's own."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    output = result.stdout + result.stderr
+    log.write_text(output)
+    return result.returncode, output, wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
 def time_calibrate(run_dir: Path, out_dir: Path, pin: list[str], env: dict, out: Path) -> dict:
     """Run the README's calibrate command on the run's last checkpoint and time it (log beside ``out``)."""
     checkpoint = max(run_dir.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime)
     subprocess.run(["rm", "-rf", str(out_dir)], check=True)
     command = [sys.executable, "-m", "skiptrain", "calibrate", "--config", "recipes/quickstart.yaml",
                "--ckpt_path", str(checkpoint), "--output_dir", str(out_dir)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    result = subprocess.run([*pin, *command], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out.with_suffix(".calibrate.log").write_text(result.stdout + result.stderr)
+    code, _, wall, cpu = timed_run([*pin, *command], env, out.with_suffix(".calibrate.log"))
     summary = out_dir / "summary.json"
-    record = {"command": " ".join(["python", *command[1:]]), "exit_code": result.returncode, "wall_s": round(wall, 1),
-              "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
-              "outputs": sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []}
+    record = {"command": " ".join(["python", *command[1:]]), "exit_code": code, "wall_s": round(wall, 1),
+              "cpu_s": round(cpu, 1), "outputs": sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []}
     if summary.is_file():
         record["summary"] = json.loads(summary.read_text())
     return record
@@ -122,19 +129,14 @@ def main() -> None:
         clock = {"class_path": "phase_clock.PhaseClock", "init_args": {"out": str(phases)}}
         command.append(f"--trainer.callbacks+={json.dumps(clock)}")
     load_before, busy_before = os.getloadavg(), other_load()
-    started = time.perf_counter()
-    result = subprocess.run([*pin, *command], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    log = result.stdout + result.stderr
-    Path(args.out).with_suffix(".log").write_text(log)
+    code, log, wall, cpu = timed_run([*pin, *command], env, Path(args.out).with_suffix(".log"))
     resolved = re.search(r"precision auto -> (\S+):", log)
     metrics = read_metrics(run_dir)
     record = {
         "command": " ".join(["python", *command[1:]]),
-        "exit_code": result.returncode,
+        "exit_code": code,
         "wall_s": round(wall, 1),
-        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+        "cpu_s": round(cpu, 1),
         "steps_per_s_overall": round(metrics.get("steps", 0) / wall, 4),
         **metrics,
         "precision_resolved": resolved.group(1) if resolved else "as given in the command",
@@ -147,12 +149,12 @@ def main() -> None:
     }
     if args.phases and phases.exists():
         record["phases"] = json.loads(phases.read_text())
-    if args.calibrate and result.returncode == 0:
+    if args.calibrate and code == 0:
         record["calibrate"] = time_calibrate(run_dir, Path(args.calibrate), pin, env, Path(args.out))
-        result.returncode = record["calibrate"]["exit_code"]
+        code = record["calibrate"]["exit_code"]
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
-    sys.exit(result.returncode)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
