@@ -20,7 +20,7 @@ name=$(IFS=+; echo "$schedule${*:++$*}")
 [ "$seed" = 0 ] || name="${name}_s$seed"
 run=runs/$study/$name
 mkdir -p "$run/levers"
-[ -z "${PREPARE:-}" ] || $PREPARE
+[ -z "${PREPARE:-}" ] || eval "$PREPARE"
 configs=(--config "$TRAIN_BASE" --config "benchmarks/schedules/${schedule}.yaml")
 for lever in "$@"; do
   sed "s|runs/STUDY/|runs/$study/|g" "benchmarks/levers/${lever}.yaml" > "$run/levers/${lever}.yaml"
