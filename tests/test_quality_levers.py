@@ -13,7 +13,7 @@ from skiptrain.core.schedules import Dense, SkipDecode, anneal_from_dense
 from skiptrain.modeling.loading import load_causal_lm
 from skiptrain.text.batch import collate
 from skiptrain.training.checkpoints import CheckpointError
-from skiptrain.training.losses import distillation_kl, target_cross_entropy
+from skiptrain.training.losses import distillation_kl, hidden_state_mse, target_cross_entropy
 from skiptrain.training.module import Curriculum, Distillation, LoraSettings, SkipLM
 from skiptrain.training.sources import load_trained_model, resolve_source
 
@@ -37,6 +37,18 @@ def test_distillation_kl_sends_no_gradient_to_the_teacher():
     distillation_kl(student, teacher, 2.0).backward()
     assert student.grad is not None and student.grad.abs().sum() > 0
     assert teacher.grad is None
+
+
+def test_hidden_state_mse_is_the_mse_relative_to_the_teachers_mean_square():
+    teacher = torch.randn(5, 8) * 3
+    student = (teacher + torch.randn(5, 8)).requires_grad_()
+    expected = ((student - teacher) ** 2).mean() / (teacher**2).mean()
+    assert float(hidden_state_mse(student, teacher)) == pytest.approx(float(expected), rel=1e-6)
+    assert float(hidden_state_mse(teacher, teacher)) == 0.0
+    assert float(hidden_state_mse(torch.zeros(5, 8), teacher)) == pytest.approx(1.0)
+    teacher.requires_grad_()
+    hidden_state_mse(student, teacher).backward()
+    assert student.grad is not None and teacher.grad is None, "no gradient reaches the teacher"
 
 
 def test_target_cross_entropy_matches_the_mean_negative_log_likelihood():
@@ -128,7 +140,7 @@ def perturbed_lora_module(model_dir: str, teacher: str) -> SkipLM:
 def test_dense_teacher_logits_equal_the_dense_forward_of_the_current_weights(tiny_model_dir):
     module = perturbed_lora_module(tiny_model_dir("llama"), "dense")
     batch = tiny_batch(module.model.config.vocab_size, module.get_tokenizer().pad_token_id)
-    teacher = module.teacher_logits(batch)
+    teacher = module.teacher_targets(batch)[1]
     assert module.model.training, "the teacher pass leaves the model in training mode"
     module.model.eval()
     with torch.no_grad():
@@ -136,6 +148,9 @@ def test_dense_teacher_logits_equal_the_dense_forward_of_the_current_weights(tin
     torch.testing.assert_close(teacher, reference, atol=1e-4, rtol=1e-4)
     student = module.target_logits(batch, module.schedule)[0]
     assert (student - teacher).abs().max() > 1e-3, "the skipped path differs from its dense teacher"
+    teacher_hidden = module.teacher_targets(batch)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(module.model.get_output_embeddings()(teacher_hidden).float(), teacher)
 
 
 def test_base_teacher_is_the_model_without_adapters(tiny_model_dir):
@@ -143,7 +158,7 @@ def test_base_teacher_is_the_model_without_adapters(tiny_model_dir):
     batch = tiny_batch(module.model.config.vocab_size, module.get_tokenizer().pad_token_id)
     base = load_causal_lm(tiny_model_dir("llama")).eval()
     with torch.no_grad():
-        torch.testing.assert_close(module.teacher_logits(batch), hf_target_logits(base, batch), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(module.teacher_targets(batch)[1], hf_target_logits(base, batch), atol=1e-4, rtol=1e-4)
 
 
 # -- two-stage training ----------------------------------------------------------------------------------------------
@@ -206,13 +221,15 @@ def test_teacher_from_a_run_is_frozen_and_outside_the_state_dict(dense_run, tiny
     batch = tiny_batch(module.model.config.vocab_size, module.get_tokenizer().pad_token_id)
     reference = load_trained_model(resolve_source(checkpoint)).eval()
     with torch.no_grad():
-        torch.testing.assert_close(module.teacher_logits(batch), hf_target_logits(reference, batch), atol=1e-4,
+        torch.testing.assert_close(module.teacher_targets(batch)[1], hf_target_logits(reference, batch), atol=1e-4,
                                    rtol=1e-4)
 
 
 def test_bad_lever_values_name_the_field(tmp_path):
     with pytest.raises(ValueError, match="distillation.teacher='nowhere'"):
         Distillation(teacher="nowhere")
+    with pytest.raises(ValueError, match="distillation.hidden_weight=-1 is invalid: allowed >= 0"):
+        Distillation(hidden_weight=-1)
     with pytest.raises(ValueError, match="init_from="):
         SkipLM(model="x", schedule=Dense(), init_from=str(tmp_path / "missing.ckpt"))
     with pytest.raises(ValueError, match="dense_loss_weight=-1"):
@@ -233,3 +250,14 @@ def test_joint_objective_adds_the_dense_cross_entropy(tiny_model_dir, tmp_path):
     logged = cli.trainer.logged_metrics
     assert float(logged["train/loss"]) == pytest.approx(
         float(logged["train/ce"]) + 0.5 * float(logged["train/ce_dense"]), rel=1e-5)
+
+
+def test_hidden_state_distillation_adds_its_weighted_term(tiny_model_dir, tmp_path):
+    cli = main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "run", "--data.task", "builtin",
+                                   "--data.max_train_samples", "8", "--model.distillation",
+                                   "{weight: 0.0, hidden_weight: 2.0, teacher: dense}",
+                                   "--model.generation.num_batches", "0", "--trainer.fast_dev_run", "1")])
+    logged = cli.trainer.logged_metrics
+    assert float(logged["train/hidden_mse"]) > 0, "the skipped path's final states differ from the dense path's"
+    assert float(logged["train/loss"]) == pytest.approx(
+        float(logged["train/ce"]) + 2.0 * float(logged["train/hidden_mse"]), rel=1e-5)

@@ -1,7 +1,7 @@
-"""Training losses over target-token logits: next-token cross entropy and the distillation KL term.
+"""Training losses over target tokens: next-token cross entropy, the distillation KL term and hidden-state matching.
 
-Both take the logits of the columns that predict a labelled token only (``[N, vocab]``, :func:`target_logits`), so
-padding and prompt columns never enter a loss.
+They take the logits (``[N, vocab]``, :func:`target_logits`) or final hidden states (:func:`target_hidden`) of the
+columns that predict a labelled token only, so padding and prompt columns never enter a loss.
 """
 
 from __future__ import annotations
@@ -19,20 +19,30 @@ from skiptrain.modeling.forward import skip_hidden_states
 from skiptrain.text.batch import IGNORE_INDEX
 
 
-def target_logits(model: nn.Module, batch: Mapping[str, Any], schedule: SkipSchedule
+def target_hidden(model: nn.Module, batch: Mapping[str, Any], schedule: SkipSchedule
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 logits ``[N, vocab]`` at the columns that predict a labelled token of a batch, and its labels ``[N]``.
+    """Final hidden states ``[N, hidden]`` (after the final norm: what the LM head reads) at the columns that predict
+    a labelled token of a batch, and its labels ``[N]``.
 
     ``batch`` has the layout of :func:`skiptrain.text.batch.collate` (``input_ids``, ``attention_mask``, ``labels``,
-    ``prompt_length``); ``model`` runs under ``schedule``. The LM head runs on those columns only. Every training loss
-    (``SkipLM``'s and :func:`skiptrain.training.integration.skip_loss`) is computed from these.
+    ``prompt_length``); ``model`` runs under ``schedule``.
     """
-    parts = decoder_parts(model)
     targets = batch["labels"][:, 1:]  # token at column c + 1 is predicted at column c
     selected = targets != IGNORE_INDEX
     hidden = skip_hidden_states(model, batch["input_ids"], batch["attention_mask"], schedule,
-                                batch["prompt_length"], parts=parts)[:, :-1][selected]  # [N, H]
-    return parts.logits(hidden).float(), targets[selected]
+                                batch["prompt_length"])[:, :-1][selected]  # [N, H]
+    return hidden, targets[selected]
+
+
+def target_logits(model: nn.Module, batch: Mapping[str, Any], schedule: SkipSchedule
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 logits ``[N, vocab]`` at the target columns of :func:`target_hidden`, and its labels ``[N]``.
+
+    The LM head runs on those columns only. Every training loss (``SkipLM``'s and
+    :func:`skiptrain.training.integration.skip_loss`) is computed from these.
+    """
+    hidden, targets = target_hidden(model, batch, schedule)
+    return decoder_parts(model).logits(hidden).float(), targets
 
 
 def target_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -56,3 +66,11 @@ def distillation_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: f
     student_log_probs = F.log_softmax(student.float() / t, dim=-1)
     teacher_log_probs = F.log_softmax(teacher.detach().float() / t, dim=-1)
     return F.kl_div(student_log_probs, teacher_log_probs, log_target=True, reduction="batchmean") * t**2
+
+
+def hidden_state_mse(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Mean squared error of ``student`` final hidden states ``[N, hidden]`` against ``teacher``'s, divided by the
+    teacher's mean square, so that the term's scale does not depend on the model's hidden size or norm weights (0: the
+    same states; 1: as far as predicting zeros). ``teacher`` carries no gradient."""
+    teacher = teacher.detach().float()
+    return F.mse_loss(student.float(), teacher) / teacher.pow(2).mean().clamp_min(torch.finfo(torch.float32).tiny)

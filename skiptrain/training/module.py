@@ -46,7 +46,13 @@ from skiptrain.modeling.quantization import (
 from skiptrain.text.batch import IGNORE_INDEX
 from skiptrain.training.checkpoints import consolidate_checkpoint
 from skiptrain.training.lora import LoraSettings, with_adapters
-from skiptrain.training.losses import distillation_kl, target_cross_entropy, target_logits
+from skiptrain.training.losses import (
+    distillation_kl,
+    hidden_state_mse,
+    target_cross_entropy,
+    target_hidden,
+    target_logits,
+)
 from skiptrain.training.sources import Source, load_run_weights, load_trained_model, resolve_source
 from skiptrain.training.strategies import check_quantization_strategy
 
@@ -62,11 +68,17 @@ TEACHERS = ("dense", "base")
 
 @dataclass
 class Distillation:
-    """Distillation of the skipped path from a teacher run at full depth: a KL term added to the cross entropy.
+    """Distillation of the skipped path from a teacher at full depth, added to the cross entropy: a KL term on the
+    next-token distributions and, optionally, a term matching the final hidden states (what layer-pruning work uses to
+    "heal" a shortened model).
 
     Args:
         weight: Weight of the KL term.
         temperature: Softmax temperature of teacher and student in the KL term (scaled by ``T**2``).
+        hidden_weight: Weight of the hidden-state term: the mean squared error of the skipped path's final hidden
+            states (after the final norm) against the teacher's at every target token, relative to the teacher's mean
+            square (:func:`~skiptrain.training.losses.hidden_state_mse`); 0 disables it. A teacher run must have
+            the model's hidden size.
         teacher: ``dense``: the weights being trained, run at full depth without gradient (the dense path
             teaches the skipped path; self-distillation). ``base``: the base model with the LoRA adapters
             disabled (needs ``lora``). Or the path of a checkpoint or export of an earlier (e.g. dense
@@ -76,10 +88,13 @@ class Distillation:
     weight: float = 1.0
     temperature: float = 1.0
     teacher: str = "dense"
+    hidden_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.weight < 0:
             raise UsageError(f"distillation.weight={self.weight} is invalid: allowed >= 0")
+        if self.hidden_weight < 0:
+            raise UsageError(f"distillation.hidden_weight={self.hidden_weight} is invalid: allowed >= 0")
         if self.temperature <= 0:
             raise UsageError(f"distillation.temperature={self.temperature} is invalid: allowed > 0")
         if self.teacher not in TEACHERS and not Path(self.teacher).exists():
@@ -415,18 +430,18 @@ class SkipLM(L.LightningModule):
         (:func:`~skiptrain.training.losses.target_logits`). ``model`` defaults to the model being trained."""
         return target_logits(model or self.model, batch, schedule)
 
-    def teacher_logits(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The distillation teacher's target logits: the configured teacher at full depth, without gradient."""
+    def teacher_targets(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The distillation teacher's final hidden states ``[N, hidden]`` and float32 logits ``[N, vocab]`` at the target
+        columns: the configured teacher at full depth, without gradient."""
         dense = Dense().build(self.schedule.num_layers)
-        if self._teacher:
-            with torch.no_grad():
-                return self.target_logits(batch, dense, self._teacher[0])[0]
+        teacher = self._teacher[0] if self._teacher else self.model
         training = self.model.training
         adapters = self.model.disable_adapter() if self.distillation.teacher == "base" else nullcontext()
         self.model.eval()  # no dropout in the teacher
         try:
             with torch.no_grad(), adapters:
-                return self.target_logits(batch, dense)[0]
+                hidden = target_hidden(teacher, batch, dense)[0]
+                return hidden, decoder_parts(teacher).logits(hidden).float()
         finally:
             self.model.train(training)
 
@@ -447,7 +462,8 @@ class SkipLM(L.LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         schedule = self.training_schedule()
-        logits, targets = self.target_logits(batch, schedule)
+        hidden, targets = target_hidden(self.model, batch, schedule)
+        logits = decoder_parts(self.model).logits(hidden).float()
         ce = target_cross_entropy(logits, targets)
         loss = ce
         if self.hparams.dense_loss_weight > 0:
@@ -455,9 +471,14 @@ class SkipLM(L.LightningModule):
             loss = loss + self.hparams.dense_loss_weight * dense_ce
             self.log("train/ce_dense", dense_ce, on_step=True)
         if self.distillation is not None:
-            kl = distillation_kl(logits, self.teacher_logits(batch), self.distillation.temperature)
+            teacher_hidden, teacher_logits = self.teacher_targets(batch)
+            kl = distillation_kl(logits, teacher_logits, self.distillation.temperature)
             loss = loss + self.distillation.weight * kl
             self.log("train/kl", kl, on_step=True, prog_bar=False)
+            if self.distillation.hidden_weight > 0:
+                mse = hidden_state_mse(hidden, teacher_hidden)
+                loss = loss + self.distillation.hidden_weight * mse
+                self.log("train/hidden_mse", mse, on_step=True)
         self.log("train/loss", loss, on_step=True, prog_bar=True)
         self.log("train/ce", ce, on_step=True)
         self.log("train/mean_layers", self.mean_layers_per_target(batch, schedule), on_step=True)
