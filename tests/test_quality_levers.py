@@ -158,7 +158,8 @@ def test_base_teacher_is_the_model_without_adapters(tiny_model_dir):
     batch = tiny_batch(module.model.config.vocab_size, module.get_tokenizer().pad_token_id)
     base = load_causal_lm(tiny_model_dir("llama")).eval()
     with torch.no_grad():
-        torch.testing.assert_close(module.teacher_targets(batch)[1], hf_target_logits(base, batch), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(module.teacher_targets(batch)[1], hf_target_logits(base, batch), atol=1e-4,
+                                   rtol=1e-4)
 
 
 # -- two-stage training ----------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ def draw_order(total: int, seed: int = 0) -> list[int]:
 def subset(rows: list[list[str]], size: int, seed: int = 0) -> list[list[str]]:
     """The first ``size`` rows of the draw order, in file order."""
     if not SHIPPED_SIZE <= size <= len(rows):
-        raise SystemExit(f"--sizes: {size} is outside {SHIPPED_SIZE}..{len(rows)} (the training set has {len(rows)} pairs)")
+        raise SystemExit(f"--sizes: {size} is invalid: allowed {SHIPPED_SIZE}..{len(rows)} (the training set's pairs)")
     return [rows[index] for index in sorted(draw_order(len(rows), seed)[:size])]
 
 

@@ -431,8 +431,8 @@ class SkipLM(L.LightningModule):
         return target_logits(model or self.model, batch, schedule)
 
     def teacher_targets(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The distillation teacher's final hidden states ``[N, hidden]`` and float32 logits ``[N, vocab]`` at the target
-        columns: the configured teacher at full depth, without gradient."""
+        """The distillation teacher's final hidden states ``[N, hidden]`` and float32 logits ``[N, vocab]`` at the
+        target columns: the configured teacher at full depth, without gradient."""
         dense = Dense().build(self.schedule.num_layers)
         teacher = self._teacher[0] if self._teacher else self.model
         training = self.model.training
