@@ -243,6 +243,8 @@ CASES = [
     Case("learning_rate", fit("--model.learning_rate", "-1"), USAGE, "learning_rate=-1"),
     Case("distillation_temperature", fit("--model.distillation", "{temperature: 0}"), USAGE,
          "distillation.temperature=0"),
+    Case("distillation_hidden_weight", fit("--model.distillation", "{hidden_weight: -1}"), USAGE,
+         "distillation.hidden_weight=-1"),
     Case("base_teacher_without_lora", fit("--model.distillation", "{teacher: base}"), USAGE,
          "teacher='base' needs lora"),
     Case("init_from_missing", fit("--model.init_from", "{tmp}/nope.ckpt"), USAGE, "init_from="),
