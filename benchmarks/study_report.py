@@ -43,13 +43,16 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="also write NAME.train.json beside the scores")
     parser.add_argument("--only", metavar="LEVER", help="only the runs with this lever (e.g. fp32: rows trained "
                         "side by side with their own ceiling)")
+    parser.add_argument("--without", metavar="LEVER", help="only the runs without this lever (e.g. fp32, for the "
+                        "table of the bf16-mixed rows and their ceiling)")
     args = parser.parse_args()
     folder = RESULTS / args.study / "study"
     scores: dict[str, dict[str, dict]] = {}
     for split in SPLITS:
         for path in sorted(folder.glob(f"*.{split}.json")):
             name = path.name.rsplit(".", 2)[0]
-            if args.only is None or args.only in re.sub(r"_s\d+$", "", name.split("@")[0]).split("+"):
+            levers = re.sub(r"_s\d+$", "", name.split("@")[0]).split("+")
+            if (args.only is None or args.only in levers) and (args.without is None or args.without not in levers):
                 scores.setdefault(name, {})[split] = json.loads(path.read_text())
     ceiling = ceiling_means(scores, args.ceiling, args.metric)
     print(f"| run | dev {args.metric} | matched dev {args.metric} | matched dev share | test {args.metric} "
