@@ -71,7 +71,8 @@ def main() -> None:
         def share(split, name):
             return f"{100 * split[args.metric] / ceiling[name]:.0f}%" if split and name in ceiling else "-"
 
-        losses = (f"{trained['val_loss_schedule']:.3f} / {trained['val_loss_dense']:.3f}" if trained else "-")
+        losses = (f"{trained['val_loss_schedule']:.3f} / {trained['val_loss_dense']:.3f}"
+                  if trained and trained["val_loss_schedule"] is not None else "-")  # None: the run validated nothing
         minutes = f"{trained['wall_seconds'] / 60:.0f}" if trained else "-"
         print(f"| {name} | {value(dev, args.metric)} | {value(devmatch, args.metric)} | {share(devmatch, 'devmatch')} "
               f"| {value(test, args.metric)} | {share(test, 'test')} | "
