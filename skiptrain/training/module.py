@@ -430,9 +430,10 @@ class SkipLM(L.LightningModule):
         (:func:`~skiptrain.training.losses.target_logits`). ``model`` defaults to the model being trained."""
         return target_logits(model or self.model, batch, schedule)
 
-    def teacher_targets(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def teacher_targets(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The distillation teacher's final hidden states ``[N, hidden]`` and float32 logits ``[N, vocab]`` at the
-        target columns: the configured teacher at full depth, without gradient."""
+        target columns: the configured teacher at full depth, without gradient. The logits are ``None`` when the KL
+        term's weight is 0 (its LM head is not run)."""
         dense = Dense().build(self.schedule.num_layers)
         teacher = self._teacher[0] if self._teacher else self.model
         training = self.model.training
@@ -441,7 +442,8 @@ class SkipLM(L.LightningModule):
         try:
             with torch.no_grad(), adapters:
                 hidden = target_hidden(teacher, batch, dense)[0]
-                return hidden, decoder_parts(teacher).logits(hidden).float()
+                logits = decoder_parts(teacher).logits(hidden).float() if self.distillation.weight > 0 else None
+                return hidden, logits
         finally:
             self.model.train(training)
 
@@ -472,9 +474,10 @@ class SkipLM(L.LightningModule):
             self.log("train/ce_dense", dense_ce, on_step=True)
         if self.distillation is not None:
             teacher_hidden, teacher_logits = self.teacher_targets(batch)
-            kl = distillation_kl(logits, teacher_logits, self.distillation.temperature)
-            loss = loss + self.distillation.weight * kl
-            self.log("train/kl", kl, on_step=True, prog_bar=False)
+            if teacher_logits is not None:
+                kl = distillation_kl(logits, teacher_logits, self.distillation.temperature)
+                loss = loss + self.distillation.weight * kl
+                self.log("train/kl", kl, on_step=True, prog_bar=False)
             if self.distillation.hidden_weight > 0:
                 mse = hidden_state_mse(hidden, teacher_hidden)
                 loss = loss + self.distillation.hidden_weight * mse
