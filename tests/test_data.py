@@ -512,6 +512,39 @@ def test_shuffle_is_seeded(tok) -> None:
     assert first_batch(0) != first_batch(1)
 
 
+def _epoch_batches(loader) -> list[list[list[int]]]:
+    return [batch["input_ids"].tolist() for batch in loader]
+
+
+def test_a_resumed_position_continues_the_epoch_order_then_later_epochs_are_whole(tok) -> None:
+    def loader(state: dict | None = None):
+        dm = _dm(tok, task="builtin", batch_size=4, seed=5, max_train_samples=16)
+        dm.setup("fit")
+        if state is not None:
+            dm.load_state_dict(state)
+        return dm.train_dataloader()
+
+    uninterrupted = loader()
+    uninterrupted.sampler.set_epoch(1)
+    epoch_1 = _epoch_batches(uninterrupted)
+    uninterrupted.sampler.set_epoch(2)
+    epoch_2 = _epoch_batches(uninterrupted)
+    resumed = loader({"epoch": 1, "batches": 3})  # built before Lightning sets the sampler's epoch
+    assert _epoch_batches(resumed) == epoch_1[3:] and len(epoch_1) == 4
+    resumed.sampler.set_epoch(2)
+    assert _epoch_batches(resumed) == epoch_2 != epoch_1
+    assert _epoch_batches(loader({"epoch": 2, "batches": 0})) == epoch_2  # an epoch boundary: no batch skipped
+
+
+def test_a_position_restored_after_the_loader_was_built_restarts_the_epoch_and_says_so(tok) -> None:
+    dm = _dm(tok, task="builtin", batch_size=4, seed=5, max_train_samples=16)
+    dm.setup("fit")
+    first = _epoch_batches(dm.train_dataloader())
+    with pytest.warns(UserWarning, match="resuming epoch 0 after batch 2: this strategy loads checkpoints after"):
+        dm.load_state_dict({"epoch": 0, "batches": 2})
+    assert _epoch_batches(dm.train_dataloader()) == first
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Builtin task
 # ---------------------------------------------------------------------------------------------------------------

@@ -91,6 +91,19 @@ def test_sigterm_saves_a_resumable_checkpoint_before_exit(tiny_model_dir, tmp_pa
     assert resumed.trainer.global_step == 4 and set(losses(tmp_path / "resumed")) == {3}
 
 
+def test_a_fit_preempted_mid_epoch_resumes_with_the_batches_it_had_not_seen(uninterrupted, tiny_model_dir, tmp_path):
+    model_dir = tiny_model_dir("llama")
+    preempted = run_in_a_process(fit_args(model_dir, tmp_path / "preempted", signal_at(2, "SIGTERM")))
+    assert preempted.returncode == 0, preempted.stderr
+    checkpoint = last_checkpoint(tmp_path / "preempted")  # step 3: epoch 1's first batch done, its second not
+    resumed = run_in_a_process(fit_args(model_dir, tmp_path / "resumed", "--ckpt_path", str(checkpoint)))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming epoch 1 at batch 2, after the 1 the stopped run trained" in resumed.stderr, resumed.stderr
+    assert "dataloader is not resumable" not in resumed.stderr  # Lightning's warning: the position was restored
+    # Step 3 trains on epoch 1's second batch, as the uninterrupted run did, not on a batch seen before the stop.
+    assert losses(tmp_path / "resumed")[3] == pytest.approx(uninterrupted[3], abs=1e-6)
+
+
 def test_a_checkpoint_write_cut_short_keeps_the_previous_last_ckpt(tiny_model_dir, tmp_path):
     failing = ('--trainer.callbacks+={"class_path": "helpers.interrupt.FailLastCheckpointWrite", '
                '"init_args": {"epoch": 1}}')

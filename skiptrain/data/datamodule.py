@@ -15,13 +15,15 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import datasets
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch.utils.data import DataLoader
 
 from skiptrain.data.columns import (
@@ -31,6 +33,7 @@ from skiptrain.data.columns import (
     resolve_field_columns,
 )
 from skiptrain.data.loading import load_split
+from skiptrain.data.order import EpochShuffleSampler, ResumingLoader, TrainingPosition
 from skiptrain.data.tokenized import tokenize_blocks, tokenize_pairs
 from skiptrain.errors import DataError, UsageError
 from skiptrain.modeling.loading import load_tokenizer, prepare_tokenizer
@@ -78,28 +81,6 @@ _STAGE_ROLES: dict[str | None, tuple[Role, ...]] = {
     "predict": ("test",),
     None: ("train", "val", "test"),
 }
-
-
-class EpochShuffleSampler(torch.utils.data.Sampler[int]):
-    """A permutation seeded by ``seed + epoch``.
-
-    Lightning calls ``set_epoch`` before every epoch, so the order depends only on the epoch number: a run
-    resumed from a checkpoint at an epoch boundary continues exactly as an uninterrupted one (under DDP
-    Lightning swaps in a ``DistributedSampler``, which is seeded per epoch the same way).
-    """
-
-    def __init__(self, size: int, seed: int = 0) -> None:
-        self.size, self.seed, self.epoch = size, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.size, generator=generator).tolist())
-
-    def __len__(self) -> int:
-        return self.size
 
 
 class SkipDataModule(L.LightningDataModule):
@@ -207,6 +188,8 @@ class SkipDataModule(L.LightningDataModule):
         self._tokenizer: Any = None
         self.datasets: dict[Role, datasets.Dataset] = {}
         self._missing: set[Role] = set()
+        self._resume_at = TrainingPosition()
+        self._train_loader_built = False
         self.save_hyperparameters()
 
     # ---- public properties --------------------------------------------------------------------------------------
@@ -312,9 +295,13 @@ class SkipDataModule(L.LightningDataModule):
                 rank_zero_warn(f"no {role} data: {err.args[0]}")
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled training batches: one seeded permutation per epoch, so a resumed run sees the same order."""
+        """Shuffled training batches: one seeded permutation per epoch (:mod:`skiptrain.data.order`); a run resumed
+        mid-epoch continues it with the batches the stopped run had not trained."""
         data = self._get("train", "fit")
-        return self._loader(data, self.batch_size, sampler=EpochShuffleSampler(len(data), self.seed))
+        at, self._resume_at = self._resume_at, TrainingPosition()
+        self._train_loader_built = True
+        return self._loader(data, self.batch_size, sampler=EpochShuffleSampler(len(data), self.seed, at.epoch),
+                            skip_batches=at.batches)
 
     def val_dataloader(self) -> DataLoader | list:
         """Validation batches; an empty list (Lightning skips validation) when there is no validation split."""
@@ -330,6 +317,32 @@ class SkipDataModule(L.LightningDataModule):
         """Batches of the test split for generation."""
         return self._loader(self._get("test", "predict"), self.eval_batch_size)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in each checkpoint of a fit: its position (:class:`~skiptrain.data.order.TrainingPosition`)."""
+        if self.trainer is None or not self.trainer.training:
+            return {}
+        return TrainingPosition.of(self.trainer).state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the training order at the checkpoint's position (Lightning calls this before building the loaders,
+        except under strategies that load checkpoints after their setup, FSDP and DeepSpeed)."""
+        if not state_dict:
+            return
+        at = TrainingPosition.from_state_dict(state_dict)
+        if at.batches == 0:  # an epoch boundary: the seeded order alone continues the run
+            self._resume_at = at
+            return
+        if self._train_loader_built:
+            rank_zero_warn(f"resuming epoch {at.epoch} after batch {at.batches}: this strategy loads checkpoints "
+                           "after building the training batches, so the epoch's batch order starts again")
+            return
+        self._resume_at = at
+        rank_zero_info(f"skiptrain: resuming epoch {at.epoch} at batch {at.batches + 1}, after the {at.batches} "
+                       "the stopped run trained")
+        # Lightning cannot see that the position was restored here and would call the loader not resumable.
+        warnings.filterwarnings("ignore", message=r"You're resuming from a checkpoint that ended before the epoch",
+                                category=PossibleUserWarning)
+
     def collator(self) -> Collator:
         """The collate function used by the loaders."""
         return Collator(pad_token_id=self.tokenizer.pad_token_id, prompt_loss=self.prompt_loss)
@@ -342,10 +355,12 @@ class SkipDataModule(L.LightningDataModule):
         return self.datasets[role]
 
     def _loader(
-        self, dataset: datasets.Dataset, batch_size: int, sampler: torch.utils.data.Sampler[int] | None = None
+        self, dataset: datasets.Dataset, batch_size: int, sampler: torch.utils.data.Sampler[int] | None = None,
+        skip_batches: int = 0,
     ) -> DataLoader:
-        return DataLoader(
+        return ResumingLoader(
             dataset,
+            skip_batches=skip_batches,
             batch_size=batch_size,
             sampler=sampler,
             collate_fn=self.collator(),
