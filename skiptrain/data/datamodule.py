@@ -329,14 +329,13 @@ class SkipDataModule(L.LightningDataModule):
         if not state_dict:
             return
         at = TrainingPosition.from_state_dict(state_dict)
-        if at.batches == 0:  # an epoch boundary: the seeded order alone continues the run
-            self._resume_at = at
-            return
-        if self._train_loader_built:
+        if at.batches and self._train_loader_built:
             rank_zero_warn(f"resuming epoch {at.epoch} after batch {at.batches}: this strategy loads checkpoints "
                            "after building the training batches, so the epoch's batch order starts again")
             return
         self._resume_at = at
+        if not at.batches:  # an epoch boundary: the seeded order alone continues the run
+            return
         rank_zero_info(f"skiptrain: resuming epoch {at.epoch} at batch {at.batches + 1}, after the {at.batches} "
                        "the stopped run trained")
         # Lightning cannot see that the position was restored here and would call the loader not resumable.
