@@ -28,11 +28,15 @@ def training_summary(study: str, name: str) -> dict | None:
     run = RUNS / study / name
     if not (run / "wall_seconds").is_file():
         return json.loads(recorded.read_text()) if recorded.is_file() else None
-    rows = list(csv.DictReader(next(run.glob("lightning_logs/version_*/metrics.csv")).open()))
-    final = [r for r in rows if r.get("val/loss_skip")][-1]
+    # a resumed run logs each attempt into its own version_N: read them in order
+    logs = sorted(run.glob("lightning_logs/version_*/metrics.csv"), key=lambda path: int(path.parent.name[8:]))
+    rows = [row for log in logs for row in csv.DictReader(log.open())]
+    validated = [r for r in rows if r.get("val/loss_skip")]  # none where the run's validation never came round
+    final = validated[-1] if validated else {}
     steps = max(int(r["step"]) for r in rows) + 1
     return {"wall_seconds": int((run / "wall_seconds").read_text()), "steps": steps,
-            "val_loss_schedule": float(final["val/loss_skip"]), "val_loss_dense": float(final["val/loss_dense"])}
+            "val_loss_schedule": float(final["val/loss_skip"]) if final else None,
+            "val_loss_dense": float(final["val/loss_dense"]) if final else None}
 
 
 def main() -> None:

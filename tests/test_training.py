@@ -205,18 +205,27 @@ def test_paper_recipes_run_with_a_tiny_stand_in(recipe, tiny_model_dir, tmp_path
 STUDY = ROOT / "benchmarks" / "e2e"
 
 
-@pytest.mark.parametrize(("fragment", "schedule"), [
-    ("smollm2-135m_e2e_2x.yaml", "flat2x"),
-    ("smollm2-135m_e2e_3x.yaml", "flat3x"),
+@pytest.mark.parametrize(("fragments", "schedule", "pairs"), [
+    ([], "flat2x", 4000),
+    (["smollm2-135m_e2e_2x.yaml"], "flat2x", 4000),
+    (["smollm2-135m_e2e_3x.yaml"], "flat3x", 4000),
+    (["smollm2-135m_e2e_2k.yaml"], "flat2x", 2000),
+    (["smollm2-135m_e2e_2k.yaml", "smollm2-135m_e2e_3x.yaml"], "flat3x", 2000),
 ])
-def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragment, schedule):
-    """The user recipe (hub data) plus the study's local-data fragment resolves to the study row's training."""
+def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragments, schedule, pairs, tmp_path):
+    """The user recipe (a seeded subset of the hub's training pairs), read from the study's local files, resolves to
+    the study row's training: the same configuration, on a subset of the same size."""
+    size_levers = []
+    if pairs != 2000:  # the study base trains 2,000 pairs; a lever names the larger subset (study.sh's substitution)
+        lever = tmp_path / f"train{pairs // 1000}k.yaml"
+        lever.write_text((ROOT / f"benchmarks/levers/{lever.name}").read_text().replace("runs/STUDY/", "runs/e2e/"))
+        size_levers = ["--config", str(lever)]
     recipe = _parse(["--config", str(ROOT / "recipes/smollm2-135m_e2e.yaml"),
-                     "--config", str(STUDY / "local_data.yaml"),
-                     "--config", str(ROOT / "recipes/fragments" / fragment)])
+                     "--config", str(STUDY / "local_data.yaml"), *size_levers,
+                     *[arg for name in fragments for arg in ("--config", str(ROOT / "recipes/fragments" / name))]])
     study = _parse(["--config", str(STUDY / "train_base.yaml"),
                     "--config", str(ROOT / "benchmarks/schedules" / f"{schedule}.yaml"),
-                    "--config", str(ROOT / "benchmarks/levers/lora_all_r64.yaml")])
+                    "--config", str(ROOT / "benchmarks/levers/lora_all_r64.yaml"), *size_levers])
 
     def training(cli) -> dict:
         model = {k: v for k, v in cli.model.hparams.items() if k != "generation"}  # generation is evaluation only
@@ -225,4 +234,9 @@ def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragment, sch
         return {"model": model, "data": dict(cli.datamodule.hparams), "trainer": trainer,
                 "seed": cli.config["seed_everything"]}
 
-    assert training(recipe) == training(study)
+    recipe_training, study_training = training(recipe), training(study)
+    # the study trains all of a file of exactly `pairs` pairs, the recipe draws that many from the hub's 42,061
+    assert recipe_training["data"].pop("max_train_samples") == pairs
+    assert study_training["data"].pop("max_train_samples") is None
+    assert Path(study_training["data"]["data_files"]["train"]).name == f"trainset_{pairs}.csv"
+    assert recipe_training == study_training
