@@ -11,7 +11,8 @@ Decoding is :func:`skiptrain.frontends.inference.complete`: greedy, batches of 8
 Quality: multi-reference SacreBLEU and ROUGE (torchmetrics). Cost: the mean executed decoder layers over the tokens
 actually generated, and the ideal speedup that implies, next to the schedule's nominal ideal over its own span.
 Decode speed is measured apart, on a quiet machine (``python -m benchmarks.e2e.speed``). Every output, with its
-source and references, is written beside the scores (``.outputs.jsonl`` for ``.json``) for error analyses.
+source and references, is written beside the scores (``.outputs.jsonl`` for ``.json``) for error analyses; with
+``--predictions-only`` (articles: the data stays where it is) just the outputs, in the order of ``--data``'s rows.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--predictions-only", action="store_true",
+                        help="write only the outputs to .outputs.jsonl, not the sources and references beside them")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -71,8 +74,9 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    outputs = (json.dumps({"source": s, "prediction": p, "references": r}) + "\n"
+    records = ({"prediction": p} if args.predictions_only else {"source": s, "prediction": p, "references": r}
                for s, p, r in zip(sources, predictions, references, strict=True))
+    outputs = (json.dumps(record) + "\n" for record in records)
     args.out.with_suffix(".outputs.jsonl").write_text("".join(outputs))
     print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
 
