@@ -20,7 +20,8 @@ name=$(IFS=+; echo "$schedule${*:++$*}")
 [ "$seed" = 0 ] || name="${name}_s$seed"
 run=runs/$study/$name
 mkdir -p "$run/levers"
-[ -z "${PREPARE:-}" ] || eval "$PREPARE"
+# Under a lock: rows started side by side would otherwise write the same data files at once.
+[ -z "${PREPARE:-}" ] || flock "runs/$study/.prepare.lock" bash -c "$PREPARE"
 configs=(--config "$TRAIN_BASE" --config "benchmarks/schedules/${schedule}.yaml")
 for lever in "$@"; do
   sed "s|runs/STUDY/|runs/$study/|g" "benchmarks/levers/${lever}.yaml" > "$run/levers/${lever}.yaml"
