@@ -29,7 +29,10 @@ def training_summary(study: str, name: str) -> dict | None:
     if not (run / "wall_seconds").is_file():
         return json.loads(recorded.read_text()) if recorded.is_file() else None
     # a resumed run logs each attempt into its own version_N: read them in order
-    logs = sorted(run.glob("lightning_logs/version_*/metrics.csv"), key=lambda path: int(path.parent.name[8:]))
+    def version(log: Path) -> int:
+        return int(log.parent.name.removeprefix("version_"))
+
+    logs = sorted(run.glob("lightning_logs/version_*/metrics.csv"), key=version)
     rows = [row for log in logs for row in csv.DictReader(log.open())]
     validated = [r for r in rows if r.get("val/loss_skip")]  # none where the run's validation never came round
     final = validated[-1] if validated else {}
