@@ -2,13 +2,13 @@
 
     python benchmarks/e2e/slot_errors.py dense+lora_all_r64 calibrated2x+lora_all_r64 skipdecode3x+lora_all_r64
 
-Reads ``benchmarks/results/e2e/study/NAME.{dev,test}.outputs.jsonl`` (written by ``score.py``) and prints a Markdown
-table: per split and run, the share of the MR's attributes that its output does not mention, overall, for MRs of up
-to 6 and of 7-8 attributes, by the word at which a reference run (``--reference``, default the first run named, e.g.
-the dense ceiling) says the attribute in its own output for the same MR, and per attribute. An attribute counts as
-mentioned when the output contains its value or a common paraphrase of it (below); the rules are deliberately
-simple, so the table is for comparing runs on the same MRs, not an absolute slot error rate. Polarity
-(``familyFriendly[no]`` said as "family-friendly") is not checked.
+Reads ``benchmarks/results/e2e/study/NAME.SPLIT.outputs.jsonl`` (written by ``score.py``; SPLIT: ``--splits``,
+default dev and test) and prints a Markdown table: per split and run, the share of the MR's attributes that its
+output does not mention, overall, for MRs of up to 6 and of 7-8 attributes, by the word at which a reference run
+(``--reference``, default the first run named, e.g. the dense ceiling) says the attribute in its own output for the
+same MR, and per attribute. An attribute counts as mentioned when the output contains its value or a common
+paraphrase of it (below); the rules are deliberately simple, so the table is for comparing runs on the same MRs, not
+an absolute slot error rate. Polarity (``familyFriendly[no]`` said as "family-friendly") is not checked.
 """
 
 from __future__ import annotations
@@ -89,11 +89,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="study run names (results/e2e/study/NAME.SPLIT.outputs.jsonl)")
     parser.add_argument("--reference", help="the run whose word positions group the attributes (default: the first)")
+    parser.add_argument("--splits", nargs="+", default=["dev", "test"], choices=["dev", "devmatch", "test"])
     args = parser.parse_args()
     reference = args.reference or args.runs[0]
     outputs = "{}.{}.outputs.jsonl".format
     table = {(split, run): omissions(STUDY / outputs(run, split), STUDY / outputs(reference, split))
-             for split in ("dev", "test") for run in args.runs}
+             for split in args.splits for run in args.runs}
     buckets = list(dict.fromkeys(bucket for counts in table.values() for bucket in counts))
     ordered = ["all", "MRs of <= 6", "MRs of 7-8"] + sorted(b for b in buckets if b.startswith("reference")) + sorted(
         b for b in buckets if b not in {"all", "MRs of <= 6", "MRs of 7-8"} and not b.startswith("reference"))
