@@ -8,15 +8,13 @@ Reports, for each measurement, the measured speedup (dense time / skip time) nex
 decoder-layer-FLOP speedup, for the decoder layers alone (``skip_hidden_states``) and for the whole model
 (LM head and loss included, which skipping cannot reduce).
 
-    python benchmarks/bench_core.py --out benchmarks/results/core_cpu.json [--threads 1]
+    python -m benchmarks.bench_core --out benchmarks/results/core_cpu.json [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from benchmarks.machine import describe
 from skiptrain import Dense, generate, skip_forward, skip_hidden_states, skipdecode_for_speedup
 
 
@@ -36,13 +35,6 @@ def smollm2_shaped_model(attn: str, num_layers: int | None = None) -> torch.nn.M
     )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn)
-
-
-def machine() -> dict:
-    """CPU model, core count and torch threading: what the numbers depend on."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else ""
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
 def timed(fn, repeats: int, warmup: int = 1) -> float:
@@ -95,10 +87,10 @@ def main() -> None:
     skip = family.build(num_layers)
     dense = Dense().build(num_layers)
     results: dict = {
-        "command": "python benchmarks/bench_core.py " + " ".join(
+        "command": "python -m benchmarks.bench_core " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
         ),
-        "machine": machine(),
+        "machine": describe(),
         "model": "random Llama, SmolLM2-135M shape (30 layers, hidden 576, vocab 49152)",
         "dtype": args.dtype,
         "schedule": {"family": skip.family, "params": skip.params},

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench_core import machine, smollm2_shaped_model
+from benchmarks.bench_core import smollm2_shaped_model
+from benchmarks.machine import describe
 from skiptrain import Dense, generate, skipdecode_for_speedup
 from skiptrain.core.speedup import parameter_read_speedup
 from skiptrain.export.write import write_custom_generate
@@ -88,7 +89,7 @@ def main() -> None:
     results: dict = {
         "command": "python -m benchmarks.bench_frontends " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
-        "machine": machine() | {"device": args.device},
+        "machine": describe() | {"device": args.device},
         "model": f"random Llama, SmolLM2-135M shape ({num_layers} layers, hidden 576, vocab 49152)",
         "dtype": args.dtype,
         "schedule": {"family": skip.family, "params": skip.params},

@@ -3,7 +3,7 @@
 Each case runs in its own process: as the machine is, and with ``--emulate_avx2`` dispatch (``ATEN_CPU_CAPABILITY``,
 ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``), which is what a CPU without AVX512-BF16 or AMX runs.
 
-    python benchmarks/bench_precision.py --out benchmarks/results/precision_cpu_matmul.json
+    python -m benchmarks.bench_precision --out benchmarks/results/precision_cpu_matmul.json
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from time_quickstart import AVX2_ONLY, cpu_model
+from benchmarks.machine import cpu_model
+from benchmarks.time_quickstart import AVX2_ONLY
 
 SIZE, SECONDS = 1024, 3.0
 
@@ -52,10 +53,10 @@ def main() -> None:
         return
     cases = {}
     for name, env in (("native", {}), ("avx2_only", AVX2_ONLY)):
-        done = subprocess.run([sys.executable, __file__, "--case"], env={**os.environ, **env}, capture_output=True,
-                              text=True, check=True)
+        done = subprocess.run([sys.executable, "-m", __spec__.name, "--case"], env={**os.environ, **env},
+                              capture_output=True, text=True, check=True)
         cases[name] = json.loads(done.stdout)
-    record = {"command": "python benchmarks/bench_precision.py " + " ".join(sys.argv[1:]), "cpu": cpu_model(),
+    record = {"command": "python -m benchmarks.bench_precision " + " ".join(sys.argv[1:]), "cpu": cpu_model(),
               "matrix": [SIZE, SIZE], "threads": 1, "load_average": list(os.getloadavg()), "cases": cases}
     print(json.dumps(record, indent=2))
     if args.out:

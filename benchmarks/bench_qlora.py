@@ -1,7 +1,7 @@
 """QLoRA against LoRA on this CPU: step time and memory of the SmolLM2 E2E study setup (flat 2x, LoRA r=64 on every
 linear layer, batch 8), with the base in float32, under bf16 autocast, and in 4-bit NF4 (float32 or bfloat16 compute).
 
-    python benchmarks/bench_qlora.py --steps 8 --out benchmarks/results/qlora/cpu_step_memory.json
+    python -m benchmarks.bench_qlora --steps 8 --out benchmarks/results/qlora/cpu_step_memory.json
 
 Each configuration runs in its own process pinned to one core (``--core``, one thread), so peak memory is its own.
 Reported per configuration: the median wall and CPU (user + system) time of the training steps after the first (on
@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
+
+from benchmarks.machine import cpu_model
 
 CONFIGS = {
     "lora_fp32": ("32-true", None),
@@ -103,11 +105,6 @@ def run_one(name: str, steps: int, root: str) -> dict:
     }
 
 
-def _cpu_name() -> str:
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=8)
@@ -122,15 +119,15 @@ def main() -> None:
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     report = {
-        "command": f"python benchmarks/bench_qlora.py --steps {args.steps} --core {args.core}",
-        "machine": f"{_cpu_name()}, 1 pinned core of a 2-core machine shared with other jobs, 1 thread",
+        "command": f"python -m benchmarks.bench_qlora --steps {args.steps} --core {args.core}",
+        "machine": f"{cpu_model()}, 1 pinned core of a 2-core machine shared with other jobs, 1 thread",
         "torch": torch.__version__, "bitsandbytes": version("bitsandbytes"),
         "setup": "SmolLM2-135M-Instruct, E2E study base (batch 8, 96+64 tokens), flat 2x, LoRA r=64 on every "
                  "linear layer",
         "results": {},
     }
     for name in args.configs:
-        child = subprocess.run(["taskset", "-c", str(args.core), sys.executable, __file__, "--one", name,
+        child = subprocess.run(["taskset", "-c", str(args.core), sys.executable, "-m", __spec__.name, "--one", name,
                                 "--steps", str(args.steps), "--root", args.root],
                                env=env, capture_output=True, text=True)
         if child.returncode != 0:

@@ -25,9 +25,10 @@ import argparse
 import csv
 import json
 import os
-import platform
 import time
 from pathlib import Path
+
+from benchmarks.machine import cpu_model
 
 PROMPTS_CSV = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
 
@@ -49,9 +50,8 @@ def prompt_ids(export: Path, count: int) -> list[list[int]]:
 
 
 def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine())
-    return {"cpu": cpu, "cores": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0)),
+    """The CPU, and the cores and threads this process may use."""
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0)),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
 
 

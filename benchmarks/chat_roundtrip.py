@@ -5,7 +5,7 @@ callback, then compares, for validation sources, the prompt ids training made wi
 conformance`` / ``generate`` and plain transformers ``generate(sources=...)`` through the export's custom generate
 make from the bare sources; also that the completions of the two front-ends agree. Writes a JSON result.
 
-    python benchmarks/chat_roundtrip.py --steps 8 --out benchmarks/results/smollm2_chat_roundtrip.json
+    python -m benchmarks.chat_roundtrip --steps 8 --out benchmarks/results/smollm2_chat_roundtrip.json
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from benchmarks.machine import cpu_model
 from skiptrain import generate, load_exported
 from skiptrain.cli.app import main
 from skiptrain.cli.trainer import SkipTrainer
@@ -69,9 +69,9 @@ def run(steps: int, sources_count: int, new_tokens: int, work: Path) -> dict:
     record = json.loads((export / "skip_schedule.json").read_text())
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
-        "command": f"python benchmarks/chat_roundtrip.py --steps {steps} --sources {sources_count} "
+        "command": f"python -m benchmarks.chat_roundtrip --steps {steps} --sources {sources_count} "
                    f"--new_tokens {new_tokens}",
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared with other jobs), "
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores (shared with other jobs), "
                    f"torch {torch.__version__} CPU",
         "precision": "bf16-mixed (the quickstart's)",
         "model": "smollm2-135m-instruct",

@@ -6,10 +6,10 @@ run's metrics.csv: wall time, overall steps/s, mean training tokens/s, final tra
 the thread count, and what else loaded the machine. ``cpu_s`` (user + system time of the run) is what a busy machine
 inflates least: on an idle machine a one-thread run's wall time is about its ``cpu_s``.
 
-    python benchmarks/time_quickstart.py --out benchmarks/results/quickstart_auto.json [--cpus 0,1]
-    python benchmarks/time_quickstart.py --out benchmarks/results/quickstart_avx2_fp32.json --emulate_avx2
-    python benchmarks/time_quickstart.py --out x.json --threads 1 -- --trainer.max_steps 20
-    python benchmarks/time_quickstart.py --out benchmarks/results/quickstart/auto_calibrate.json --cpus 0 --threads 1 \
+    python -m benchmarks.time_quickstart --out benchmarks/results/quickstart_auto.json [--cpus 0,1]
+    python -m benchmarks.time_quickstart --out benchmarks/results/quickstart_avx2_fp32.json --emulate_avx2
+    python -m benchmarks.time_quickstart --out x.json --threads 1 -- --trainer.max_steps 20
+    python -m benchmarks.time_quickstart --out benchmarks/results/quickstart/auto_calibrate.json --cpus 0 --threads 1 \
         --calibrate runs/quickstart_calib
 
 ``--calibrate DIR`` then times the README's calibrate command on the run's last checkpoint (its outputs in ``DIR``,
@@ -26,7 +26,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import re
 import resource
 import subprocess
@@ -36,17 +35,8 @@ from pathlib import Path
 
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 README_COMMAND = [sys.executable, "-m", "skiptrain", "fit", "--config", "recipes/quickstart.yaml"]
-PROBE = """import json, torch
-from skiptrain.modeling.precision import cpu_bf16_feature
-print(json.dumps({"cpu_capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": cpu_bf16_feature(),
-                  "torch_threads": torch.get_num_threads(), "torch": torch.__version__}))"""
-
-
-def cpu_model() -> str:
-    """The CPU's model name, from /proc/cpuinfo where there is one."""
-    info = Path("/proc/cpuinfo")
-    names = re.findall(r"model name\s*: (.*)", info.read_text()) if info.exists() else []
-    return names[0] if names else platform.processor() or platform.machine()
+PROBE = "import json; from benchmarks.machine import describe; print(json.dumps(describe()))"
+"""The machine as the timed run sees it: run in its environment, where AVX2-only dispatch may be emulated."""
 
 
 def other_load() -> list[dict]:
@@ -140,7 +130,7 @@ def main() -> None:
         "steps_per_s_overall": round(metrics.get("steps", 0) / wall, 4),
         **metrics,
         "precision_resolved": resolved.group(1) if resolved else "as given in the command",
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), **probe,
+        "machine": {**probe,
                     "pinned_cpus": args.cpus, "omp_num_threads": env.get("OMP_NUM_THREADS"),
                     "avx2_emulated": args.emulate_avx2},
         "load_average_before_after": [list(load_before), list(os.getloadavg())],
