@@ -1,11 +1,12 @@
 """Tabulate the E2E data-scale curve: each configuration's share of the same-budget dense ceiling per training size.
 
-    python benchmarks/data_curve.py e2e > benchmarks/results/e2e/data_curve.md
+    python -m benchmarks.data_curve e2e > benchmarks/results/e2e/data_curve.md
 
 A size is a lever of benchmarks/study.sh (none: the study base's 2,000 pairs; ``train4k``, ``train8k``: the
-subsets of benchmarks/e2e/prepare_train.py); every row at a size is divided by the dense ceiling trained on the same
-pairs (``dense+lora_all_r64`` plus that lever), the mean of its seeds, on the same split, as benchmarks/study_report.py
-does for one size. A configuration's scores are the mean of its seeds (``NAME``, ``NAME_sN``).
+subsets of benchmarks/e2e/prepare_train.py); the ``fp32`` lever may be stacked on it. A configuration's scores are
+the mean of its seeds (``NAME``, ``NAME_sN``) that trained in one precision (as recorded, benchmarks/trained_on.py),
+and every row is divided by the dense ceiling trained on the same pairs in the same precision (``dense+lora_all_r64``
+plus the same levers), the mean of its seeds, on the same split, as benchmarks/study_report.py does for one size.
 """
 
 from __future__ import annotations
@@ -14,17 +15,26 @@ import argparse
 import json
 import re
 
-from benchmarks.study_report import RESULTS, ceiling_means, training_summary
+from benchmarks.study_report import RESULTS, precision, training_summary
 
 SIZES = {"": 2000, "train4k": 4000, "train8k": 8000}  # lever -> training pairs
+PRECISION_LEVERS = ("fp32",)  # a precision lever keeps a row on the curve, in its own precision's rows
 CEILING = "dense+lora_all_r64"
 CONFIGURATIONS = ("dense+lora_all_r64", "flat2x+lora_all_r64", "calibrated2x+lora_all_r64", "flat3x+lora_all_r64",
                   "calibrated3x+lora_all_r64")
 
 
-def seed_runs(names: list[str], name: str) -> list[str]:
-    """``name`` and its other seeds ``name_sN``."""
-    return [n for n in names if n == name or re.fullmatch(re.escape(name) + r"_s\d+", n)]
+def curve_point(name: str) -> tuple[int, str] | None:
+    """``(training pairs, configuration)`` of a scored run on the curve; ``None`` for any other run (another lever,
+    or a run decoded under another schedule, ``NAME@SCHEDULE``)."""
+    if "@" in name:
+        return None
+    parts = re.sub(r"_s\d+$", "", name).split("+")
+    configuration, levers = "+".join(parts[:2]), parts[2:]
+    sizes = [lever for lever in levers if lever in SIZES]
+    if configuration not in CONFIGURATIONS or len(sizes) > 1 or set(levers) - set(sizes) - set(PRECISION_LEVERS):
+        return None
+    return SIZES[sizes[0] if sizes else ""], configuration
 
 
 def mean(scores: dict[str, dict[str, dict]], runs: list[str], split: str, key: str) -> float | None:
@@ -33,14 +43,15 @@ def mean(scores: dict[str, dict[str, dict]], runs: list[str], split: str, key: s
     return sum(values) / len(values) if values else None
 
 
-def row(study: str, scores: dict[str, dict[str, dict]], runs: list[str], ceiling: dict[str, float], metric: str
+def row(study: str, scores: dict[str, dict[str, dict]], runs: list[str], ceiling: list[str], metric: str
         ) -> list[str]:
-    """The cells of one configuration at one size, after its name."""
+    """The cells of one configuration at one size and precision, after its name; ``ceiling``: the dense seeds of
+    that size and precision (none: no shares)."""
     cells = ["/".join(str(sum(split in scores[run] for run in runs)) for split in ("test", "devmatch"))]
     for split in ("test", "devmatch"):
-        value = mean(scores, runs, split, metric)
+        value, dense = mean(scores, runs, split, metric), mean(scores, ceiling, split, metric)
         cells.append("-" if value is None else f"{100 * value:.1f}")
-        cells.append("-" if value is None or split not in ceiling else f"{100 * value / ceiling[split]:.0f}%")
+        cells.append("-" if value is None or dense is None else f"{100 * value / dense:.0f}%")
     speedup = mean(scores, runs, "test", "ideal_speedup_over_generated_tokens")
     cells.append("-" if speedup is None else f"{speedup:.2f}x")
     trained = [t for t in (training_summary(study, run) for run in runs) if t]
@@ -58,20 +69,21 @@ def main() -> None:
         name, _, split = path.name.removesuffix(".json").rpartition(".")
         if split in ("dev", "devmatch", "test"):
             scores.setdefault(name, {})[split] = json.loads(path.read_text())
-    print(f"| training pairs | configuration | seeds: test / matched dev | test {args.metric} "
+    groups: dict[tuple[int, str, str], list[str]] = {}  # (pairs, precision, configuration) -> its seeds
+    for name in sorted(scores):
+        point = curve_point(name)
+        if point:
+            pairs, configuration = point
+            groups.setdefault((pairs, precision(args.study, name), configuration), []).append(name)
+    print(f"| training pairs | precision | configuration | seeds: test / matched dev | test {args.metric} "
           f"| test share of the same-budget ceiling | matched dev {args.metric} | matched dev share "
           "| layer-count speedup over generated tokens (test) | train minutes (mean) |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    for lever, pairs in SIZES.items():
-        suffix = f"+{lever}" if lever else ""
-        if not seed_runs(list(scores), CEILING + suffix):
-            continue
-        ceiling = ceiling_means(scores, CEILING + suffix, args.metric)
-        for configuration in CONFIGURATIONS:
-            runs = seed_runs(list(scores), configuration + suffix)
-            if runs:
-                cells = [str(pairs), configuration, *row(args.study, scores, runs, ceiling, args.metric)]
-                print(f"| {' | '.join(cells)} |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for (pairs, trained_in, configuration), runs in sorted(
+            groups.items(), key=lambda item: (item[0][0], item[0][1], CONFIGURATIONS.index(item[0][2]))):
+        ceiling = groups.get((pairs, trained_in, CEILING), [])
+        cells = [str(pairs), trained_in, configuration, *row(args.study, scores, runs, ceiling, args.metric)]
+        print(f"| {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

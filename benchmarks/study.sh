@@ -4,7 +4,8 @@
 # STUDY is a folder here with study.env (training base config, dev and test data, scoring options): e2e or xsum.
 # SCHEDULE names benchmarks/schedules/SCHEDULE.yaml (shared by every study), each LEVER benchmarks/levers/LEVER.yaml (runs/STUDY/ in a
 # lever means this study's runs), stacked on the study's base config. The run is named SCHEDULE+LEVER+... (plus
-# _sN for SEED=N, default 0); its checkpoint lands in runs/STUDY/NAME/last.ckpt, its wall time in wall_seconds. A
+# _sN for SEED=N, default 0); its checkpoint lands in runs/STUDY/NAME/last.ckpt, its wall time in wall_seconds, its
+# precision and machine in trained_on.json (benchmarks/trained_on.py). A
 # lever that starts from another run (runs/STUDY/OTHER/last.ckpt) trains OTHER first when it is missing. Then the
 # model is scored (benchmarks/score.py: the study's base config plus the decoded schedule, read by skiptrain's CLI
 # parser) under its own schedule (or DECODE=SCHEDULE, e.g. plug-and-play skipping of a dense run) on the
@@ -37,6 +38,8 @@ if [ ! -e "$run/last.ckpt" ]; then
   # wall_seconds is then the last attempt's, and resumed_from says so.
   resume=$(ls -t "$run"/lightning_logs/version_*/checkpoints/last.ckpt 2>/dev/null | head -n 1 || true)
   [ -z "$resume" ] || echo "$resume" >> "$run/resumed_from"
+  # What this attempt trains in and on ($run/trained_on.json); a run never resumes in another precision (exit 2).
+  taskset -c "${CORE:-1}" python -m benchmarks.trained_on "$run" "${configs[@]}"
   started=$(date +%s)
   taskset -c "${CORE:-1}" python -m skiptrain fit "${configs[@]}" --seed_everything "$seed" \
     --trainer.default_root_dir "$run" --trainer.logger CSVLogger --trainer.logger.save_dir "$run" \

@@ -3,10 +3,11 @@
     python benchmarks/study_report.py e2e --ceiling dense+lora_all_r64 > benchmarks/results/e2e/study_table.md
 
 Reads ``benchmarks/results/STUDY/study/NAME.{dev,test}.json`` (written by study.sh) and, for each trained run,
-``runs/STUDY/NAME`` (wall time, final validation losses under the run's schedule and dense). When the run
-directory is gone, the training columns come from ``NAME.train.json`` beside the scores, which ``--record``
-writes, so the table can be rebuilt from the committed results alone. Shares of the ceiling are of its BLEU
-(E2E) or ROUGE-L (summarisation) on the same split.
+``runs/STUDY/NAME`` (wall time, final validation losses under the run's schedule and dense, and the precision and
+machines of ``trained_on.json``). When the run directory is gone, the training columns come from
+``NAME.train.json`` beside the scores, which ``--record`` writes, so the table can be rebuilt from the committed
+results alone. Shares of the ceiling are of its BLEU (E2E) or ROUGE-L (summarisation) on the same split, and only
+of rows trained in the ceiling's precision; seeds are pooled only within one precision.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 RESULTS = Path("benchmarks/results")
 RUNS = Path("runs")
 SPLITS = ("dev", "devmatch", "test")  # devmatch: the dev split with the test split's attribute-count histogram
+UNRECORDED = "unrecorded"
 
 
 def training_summary(study: str, name: str) -> dict | None:
@@ -28,6 +30,7 @@ def training_summary(study: str, name: str) -> dict | None:
     run = RUNS / study / name
     if not (run / "wall_seconds").is_file():
         return json.loads(recorded.read_text()) if recorded.is_file() else None
+    trained_on = run / "trained_on.json"  # benchmarks/trained_on.py: precision and the machine of each attempt
     # a resumed run logs each attempt into its own version_N: read them in order
     def version(log: Path) -> int:
         return int(log.parent.name.removeprefix("version_"))
@@ -39,7 +42,19 @@ def training_summary(study: str, name: str) -> dict | None:
     steps = max(int(r["step"]) for r in rows) + 1
     return {"wall_seconds": int((run / "wall_seconds").read_text()), "steps": steps,
             "val_loss_schedule": float(final["val/loss_skip"]) if final else None,
-            "val_loss_dense": float(final["val/loss_dense"]) if final else None}
+            "val_loss_dense": float(final["val/loss_dense"]) if final else None,
+            **(json.loads(trained_on.read_text()) if trained_on.is_file() else {})}
+
+
+def precision(study: str, name: str) -> str:
+    """The precision run ``name`` (or the run it decodes, ``NAME@SCHEDULE``) trained in, as recorded."""
+    trained = training_summary(study, name.split("@")[0])
+    return (trained or {}).get("precision", UNRECORDED)
+
+
+def seed_runs(names: list[str], name: str) -> list[str]:
+    """``name`` and its other seeds ``name_sN``."""
+    return [n for n in names if n == name or re.fullmatch(re.escape(name) + r"_s\d+", n)]
 
 
 def main() -> None:
@@ -48,10 +63,12 @@ def main() -> None:
     parser.add_argument("--ceiling", required=True, help="the dense run the shares are of")
     parser.add_argument("--metric", default="bleu", help="bleu (E2E) or rouge_l")
     parser.add_argument("--record", action="store_true", help="also write NAME.train.json beside the scores")
-    parser.add_argument("--only", metavar="LEVER", help="only the runs with this lever (e.g. fp32: rows trained "
-                        "side by side with their own ceiling)")
-    parser.add_argument("--without", metavar="LEVER", help="only the runs without this lever (e.g. fp32, for the "
-                        "table of the bf16-mixed rows and their ceiling)")
+    parser.add_argument("--only", metavar="LEVER", action="append", default=[],
+                        help="only the runs with this lever (e.g. fp32: rows trained side by side with their own "
+                        "ceiling); repeatable")
+    parser.add_argument("--without", metavar="LEVER", action="append", default=[],
+                        help="only the runs without this lever (e.g. train4k and train8k, for the table of the "
+                        "2,000-pair rows); repeatable")
     args = parser.parse_args()
     folder = RESULTS / args.study / "study"
     scores: dict[str, dict[str, dict]] = {}
@@ -59,13 +76,13 @@ def main() -> None:
         for path in sorted(folder.glob(f"*.{split}.json")):
             name = path.name.rsplit(".", 2)[0]
             levers = re.sub(r"_s\d+$", "", name.split("@")[0]).split("+")
-            if (args.only is None or args.only in levers) and (args.without is None or args.without not in levers):
+            if set(args.only) <= set(levers) and not set(args.without) & set(levers):
                 scores.setdefault(name, {})[split] = json.loads(path.read_text())
-    ceiling = ceiling_means(scores, args.ceiling, args.metric)
-    print(f"| run | dev {args.metric} | matched dev {args.metric} | matched dev share | test {args.metric} "
+    ceiling_precision, ceiling = ceiling_means(args.study, scores, args.ceiling, args.metric)
+    print(f"| run | precision | dev {args.metric} | matched dev {args.metric} | matched dev share | test {args.metric} "
           "| test share of ceiling | test ROUGE-L | test ROUGE-1/2 | mean layers / generated token (test) "
           "| ideal speedup over generated tokens | nominal ideal | dev loss: schedule / dense | train minutes |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, splits in sorted(scores.items(), key=lambda item: -item[1].get("dev", {}).get(args.metric, 0)):
         dev, devmatch, test = splits.get("dev"), splits.get("devmatch"), splits.get("test")
         trained = training_summary(args.study, name.split("@")[0])
@@ -75,44 +92,52 @@ def main() -> None:
         def value(split, key, scale=100.0, digits=1):
             return f"{split[key] * scale:.{digits}f}" if split and split.get(key) is not None else "-"
 
-        def share(split, name):
-            return f"{100 * split[args.metric] / ceiling[name]:.0f}%" if split and name in ceiling else "-"
+        trained_in = precision(args.study, name)
+        shares = ceiling if trained_in == ceiling_precision else {}  # a share is never taken across precisions
+
+        def share(split, name, shares=shares):
+            return f"{100 * split[args.metric] / shares[name]:.0f}%" if split and name in shares else "-"
 
         losses = (f"{trained['val_loss_schedule']:.3f} / {trained['val_loss_dense']:.3f}"
                   if trained and trained["val_loss_schedule"] is not None else "-")  # None: the run validated nothing
         minutes = f"{trained['wall_seconds'] / 60:.0f}" if trained else "-"
-        print(f"| {name} | {value(dev, args.metric)} | {value(devmatch, args.metric)} | {share(devmatch, 'devmatch')} "
-              f"| {value(test, args.metric)} | {share(test, 'test')} | "
+        print(f"| {name} | {trained_in} | {value(dev, args.metric)} | {value(devmatch, args.metric)} "
+              f"| {share(devmatch, 'devmatch')} | {value(test, args.metric)} | {share(test, 'test')} | "
               f"{value(test, 'rouge_l')} | {value(test, 'rouge_1')}/{value(test, 'rouge_2')} | "
               f"{value(test, 'mean_layers_per_generated_token', 1.0)} | "
               f"{value(test, 'ideal_speedup_over_generated_tokens', 1.0, 2)}x | "
               f"{value(test, 'nominal_ideal_speedup', 1.0, 2)}x | {losses} | {minutes} |")
-    print_seed_spread(scores, ceiling, args.metric)
+    print_seed_spread(args.study, scores, ceiling_precision, ceiling, args.metric)
 
 
-def ceiling_means(scores: dict[str, dict[str, dict]], ceiling: str, metric: str) -> dict[str, float]:
-    """The ceiling's score per split as the mean over its seeds (``CEILING`` and ``CEILING_sN``): every share in
-    the tables divides by this one number."""
-    runs = [splits for name, splits in scores.items()
-            if name == ceiling or (name.startswith(f"{ceiling}_s") and name[len(ceiling) + 2:].isdigit())]
-    if not runs:
+def ceiling_means(study: str, scores: dict[str, dict[str, dict]], ceiling: str, metric: str
+                  ) -> tuple[str, dict[str, float]]:
+    """The ceiling's precision, and its score per split as the mean over its seeds (``CEILING`` and ``CEILING_sN``):
+    every share in the tables divides by this one number. Its seeds must share one precision."""
+    names = seed_runs(list(scores), ceiling)
+    if not names:
         raise SystemExit(f"no scores of the ceiling run {ceiling!r} under {RESULTS}")
+    precisions = {name: precision(study, name) for name in names}
+    if len(set(precisions.values())) > 1:
+        raise SystemExit(f"the seeds of the ceiling {ceiling!r} trained in different precisions ({precisions}): a "
+                         "ceiling is the mean of seeds of one precision")
     means = {}
     for split in SPLITS:
-        values = [run[split][metric] for run in runs if split in run]
+        values = [scores[name][split][metric] for name in names if split in scores[name]]
         if values:
             means[split] = sum(values) / len(values)
-    return means
+    return precisions[names[0]], means
 
 
-def print_seed_spread(scores: dict[str, dict[str, dict]], ceiling: dict[str, float], metric: str) -> None:
-    """Configurations run with several seeds (``NAME`` is seed 0, ``NAME_sN`` seed N): mean and range per split,
-    and the test mean as a share of the ceiling's test mean."""
-    seeds: dict[str, list[dict[str, dict]]] = {}
+def print_seed_spread(study: str, scores: dict[str, dict[str, dict]], ceiling_precision: str,
+                      ceiling: dict[str, float], metric: str) -> None:
+    """Configurations run with several seeds (``NAME`` is seed 0, ``NAME_sN`` seed N) in one precision: mean and range
+    per split, and the test mean as a share of the ceiling's test mean where it is the ceiling's precision."""
+    seeds: dict[tuple[str, str], list[dict[str, dict]]] = {}
     for name, splits in scores.items():
         base, _, seed = name.rpartition("_s")
         key = base if seed.isdigit() and "@" not in name else name
-        seeds.setdefault(key, []).append(splits)
+        seeds.setdefault((key, precision(study, name)), []).append(splits)
 
     def spread(runs: list[dict[str, dict]], split: str) -> tuple[float, str]:
         values = [100 * run[split][metric] for run in runs if split in run]
@@ -122,13 +147,13 @@ def print_seed_spread(scores: dict[str, dict[str, dict]], ceiling: dict[str, flo
     several = {name: runs for name, runs in seeds.items() if len(runs) > 1}
     if not several or "test" not in ceiling:
         return
-    print(f"\n| configuration | seeds | dev {metric}: mean (range) | test {metric}: mean (range) "
+    print(f"\n| configuration | precision | seeds | dev {metric}: mean (range) | test {metric}: mean (range) "
           "| test mean, share of the ceiling's |")
-    print("|---|---:|---:|---:|---:|")
-    for name, runs in sorted(several.items(), key=lambda item: -spread(item[1], "test")[0]):
+    print("|---|---|---:|---:|---:|---:|")
+    for (name, trained_in), runs in sorted(several.items(), key=lambda item: -spread(item[1], "test")[0]):
         test_mean, test_text = spread(runs, "test")
-        share = test_mean / ceiling["test"]
-        print(f"| {name} | {len(runs)} | {spread(runs, 'dev')[1]} | {test_text} | {share:.0f}% |")
+        share = f"{test_mean / ceiling['test']:.0f}%" if trained_in == ceiling_precision else "-"
+        print(f"| {name} | {trained_in} | {len(runs)} | {spread(runs, 'dev')[1]} | {test_text} | {share} |")
 
 
 if __name__ == "__main__":

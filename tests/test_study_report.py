@@ -1,0 +1,95 @@
+"""The study's tables take no share across precisions and pool seeds only within one, from what each run recorded."""
+
+import json
+import sys
+
+import pytest
+
+from benchmarks import data_curve, study_report
+from benchmarks.trained_on import record_attempt, resolved_precision
+from skiptrain.modeling.precision import cpu_bf16_feature
+
+MACHINE = {"cpu": "a CPU", "cores": 2}
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    """``add(name, test_bleu, precision)``: a scored and recorded run of an ``e2e`` study under ``tmp_path``."""
+    monkeypatch.setattr(study_report, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(study_report, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(data_curve, "RESULTS", tmp_path / "results")
+    folder = tmp_path / "results" / "e2e" / "study"
+    folder.mkdir(parents=True)
+
+    def add(name: str, test_bleu: float, precision: str) -> None:
+        score = {"bleu": test_bleu, "rouge_l": test_bleu, "ideal_speedup_over_generated_tokens": 1.0}
+        (folder / f"{name}.test.json").write_text(json.dumps(score))
+        (folder / f"{name}.devmatch.json").write_text(json.dumps(score))
+        trained = {"wall_seconds": 600, "steps": 10, "val_loss_schedule": 1.0, "val_loss_dense": 1.0,
+                   "precision": precision}
+        (folder / f"{name}.train.json").write_text(json.dumps(trained))
+
+    return add
+
+
+@pytest.fixture
+def table(capsys, monkeypatch):
+    """``table(module, *args)``: the rows of the first markdown table ``module``'s main prints, as cells."""
+
+    def run(module, *args) -> list[list[str]]:
+        monkeypatch.setattr(sys, "argv", [module.__name__, *args])
+        capsys.readouterr()
+        module.main()
+        lines = capsys.readouterr().out.split("\n\n")[0].splitlines()
+        return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+
+    return run
+
+
+def test_the_data_curve_divides_each_precision_by_its_own_ceiling_and_never_pools_across_them(results, table):
+    results("dense+lora_all_r64+train4k", 0.60, "bf16-mixed")
+    results("dense+lora_all_r64+train4k_s1", 0.62, "bf16-mixed")
+    results("flat2x+lora_all_r64+train4k", 0.58, "bf16-mixed")
+    # the same command on a CPU without native bf16 trains its second seed in float32: a row of its own
+    results("flat2x+lora_all_r64+train4k_s1", 0.40, "32-true")
+    results("dense+lora_all_r64+train4k+fp32", 0.50, "32-true")
+    results("flat2x+lora_all_r64+train4k+fp32", 0.45, "32-true")
+    results("flat2x+lora_all_r64+train4k+two_epochs", 0.70, "bf16-mixed")  # another lever: not on the curve
+    rows = {(row[1], row[2]): row for row in table(data_curve, "e2e")}
+    assert set(rows) == {("bf16-mixed", "dense+lora_all_r64"), ("bf16-mixed", "flat2x+lora_all_r64"),
+                         ("32-true", "dense+lora_all_r64"), ("32-true", "flat2x+lora_all_r64")}
+    bf16, fp32 = rows["bf16-mixed", "flat2x+lora_all_r64"], rows["32-true", "flat2x+lora_all_r64"]
+    assert (bf16[3], bf16[4], bf16[5]) == ("1/1", "58.0", "95%")  # of the bf16 ceiling's mean, 61
+    assert (fp32[3], fp32[4], fp32[5]) == ("2/2", "42.5", "85%")  # 40 and 45 pooled, of the fp32 ceiling's 50
+
+
+def test_the_study_table_gives_no_share_to_a_row_of_another_precision(results, table):
+    results("dense+lora_all_r64", 0.60, "bf16-mixed")
+    results("flat2x+lora_all_r64", 0.54, "bf16-mixed")
+    results("flat2x+lora_all_r64+fp32", 0.57, "32-true")
+    rows = {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+lora_all_r64")}
+    assert rows["flat2x+lora_all_r64"][1:2] + rows["flat2x+lora_all_r64"][6:7] == ["bf16-mixed", "90%"]
+    assert rows["flat2x+lora_all_r64+fp32"][1:2] + rows["flat2x+lora_all_r64+fp32"][6:7] == ["32-true", "-"]
+
+
+def test_a_ceiling_whose_seeds_trained_in_two_precisions_is_refused(results, table):
+    results("dense+lora_all_r64", 0.60, "bf16-mixed")
+    results("dense+lora_all_r64_s1", 0.50, "32-true")
+    with pytest.raises(SystemExit, match="different precisions"):
+        table(study_report, "e2e", "--ceiling", "dense+lora_all_r64")
+
+
+def test_a_run_resumes_only_in_the_precision_it_started_in(tmp_path):
+    run = tmp_path / "flat2x+lora_all_r64"
+    assert record_attempt(run, "bf16-mixed", MACHINE) is None
+    assert record_attempt(run, "bf16-mixed", MACHINE | {"cpu": "another CPU"}) is None
+    refusal = record_attempt(run, "32-true", MACHINE)
+    assert "started in bf16-mixed and would resume in 32-true" in refusal
+    record = json.loads((run / "trained_on.json").read_text())
+    assert record == {"precision": "bf16-mixed", "machines": [MACHINE, MACHINE | {"cpu": "another CPU"}]}
+
+
+def test_the_recorded_precision_is_what_the_study_configs_resolve_to_on_this_machine():
+    base = ["benchmarks/e2e/train_base.yaml", "benchmarks/schedules/flat2x.yaml"]
+    assert resolved_precision([*base, "benchmarks/levers/fp32.yaml"]) == "32-true"
+    assert resolved_precision(base) == ("bf16-mixed" if cpu_bf16_feature() else "32-true")
