@@ -46,10 +46,19 @@ def training_summary(study: str, name: str) -> dict | None:
             **(json.loads(trained_on.read_text()) if trained_on.is_file() else {})}
 
 
+def trained_precision(trained: dict | None) -> str:
+    """The precision a run trained in, from its training summary."""
+    return (trained or {}).get("precision", UNRECORDED)
+
+
 def precision(study: str, name: str) -> str:
     """The precision run ``name`` (or the run it decodes, ``NAME@SCHEDULE``) trained in, as recorded."""
-    trained = training_summary(study, name.split("@")[0])
-    return (trained or {}).get("precision", UNRECORDED)
+    return trained_precision(training_summary(study, name.split("@")[0]))
+
+
+def share(split: dict | None, ceiling: float | None, metric: str) -> str:
+    """``split``'s ``metric`` as a share of the ceiling's (``-`` where either is missing)."""
+    return f"{100 * split[metric] / ceiling:.0f}%" if split and ceiling else "-"
 
 
 def seed_runs(names: list[str], name: str) -> list[str]:
@@ -92,17 +101,15 @@ def main() -> None:
         def value(split, key, scale=100.0, digits=1):
             return f"{split[key] * scale:.{digits}f}" if split and split.get(key) is not None else "-"
 
-        trained_in = precision(args.study, name)
+        trained_in = trained_precision(trained)
         shares = ceiling if trained_in == ceiling_precision else {}  # a share is never taken across precisions
-
-        def share(split, name, shares=shares):
-            return f"{100 * split[args.metric] / shares[name]:.0f}%" if split and name in shares else "-"
 
         losses = (f"{trained['val_loss_schedule']:.3f} / {trained['val_loss_dense']:.3f}"
                   if trained and trained["val_loss_schedule"] is not None else "-")  # None: the run validated nothing
         minutes = f"{trained['wall_seconds'] / 60:.0f}" if trained else "-"
         print(f"| {name} | {trained_in} | {value(dev, args.metric)} | {value(devmatch, args.metric)} "
-              f"| {share(devmatch, 'devmatch')} | {value(test, args.metric)} | {share(test, 'test')} | "
+              f"| {share(devmatch, shares.get('devmatch'), args.metric)} | {value(test, args.metric)} "
+              f"| {share(test, shares.get('test'), args.metric)} | "
               f"{value(test, 'rouge_l')} | {value(test, 'rouge_1')}/{value(test, 'rouge_2')} | "
               f"{value(test, 'mean_layers_per_generated_token', 1.0)} | "
               f"{value(test, 'ideal_speedup_over_generated_tokens', 1.0, 2)}x | "
