@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -26,6 +27,13 @@ from torchmetrics.text import ROUGEScore, SacreBLEUScore
 
 from benchmarks.common import load_model, study_config, test_prompts
 from skiptrain.frontends.inference import complete
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``path`` through a staging file beside it: a stopped writer leaves the old file or none, never part."""
+    staging = path.with_name(f".{path.name}.partial")
+    staging.write_text(text)
+    os.replace(staging, path)
 
 
 def main() -> None:
@@ -73,11 +81,12 @@ def main() -> None:
                                                                                strict=True)],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
     records = ({"prediction": p} if args.predictions_only else {"source": s, "prediction": p, "references": r}
                for s, p, r in zip(sources, predictions, references, strict=True))
-    outputs = (json.dumps(record) + "\n" for record in records)
-    args.out.with_suffix(".outputs.jsonl").write_text("".join(outputs))
+    # The scores last: study.sh takes their file as "this split is scored", so it must not exist before the outputs
+    # do, nor half-written (a sitting that stops mid-write would otherwise leave a row that is never re-scored).
+    write_whole(args.out.with_suffix(".outputs.jsonl"), "".join(json.dumps(record) + "\n" for record in records))
+    write_whole(args.out, json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
 
 
