@@ -19,21 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
 from torchmetrics.text import ROUGEScore, SacreBLEUScore
 
 from benchmarks.common import load_model, study_config, test_prompts
+from skiptrain.core.output_dir import write_whole
 from skiptrain.frontends.inference import complete
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write ``path`` through a staging file beside it: a stopped writer leaves the old file or none, never part."""
-    staging = path.with_name(f".{path.name}.partial")
-    staging.write_text(text)
-    os.replace(staging, path)
 
 
 def main() -> None:

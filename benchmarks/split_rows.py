@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import sys
 from pathlib import Path
+
+from skiptrain.core.output_dir import write_whole
 
 
 def read_rows(path: Path) -> tuple[list[str] | None, list]:
@@ -27,16 +30,15 @@ def read_rows(path: Path) -> tuple[list[str] | None, list]:
 
 
 def write_rows(path: Path, header: list[str] | None, rows: list) -> None:
-    """Write rows as :func:`read_rows` read them, through a temporary file so no half-written split is left."""
-    partial = path.with_name(path.name + ".partial")
+    """Write rows as :func:`read_rows` read them, all or nothing (:func:`write_whole`)."""
     if header is None:
-        partial.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    else:
-        with partial.open("w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle, lineterminator="\n")
-            writer.writerow(header)
-            writer.writerows(rows)
-    partial.replace(path)
+        write_whole(path, "\n".join(rows) + "\n")
+        return
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    write_whole(path, text.getvalue())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,8 +1,9 @@
-"""All-or-nothing output directories: refuse a used target, write beside it, move into place at the end.
+"""All-or-nothing outputs: refuse a used target, write beside it, move into place at the end.
 
 Exports and calibration reports are written through :func:`staged_directory`: a temporary directory beside the
 target, renamed into place only when the writer has finished (and verified) it, removed when it fails. A writer
-killed half-way leaves only its staging directory, which the next writer to the same target clears.
+killed half-way leaves only its staging directory, which the next writer to the same target clears. Single files
+(conformance vectors, study scores and splits) go through :func:`write_whole`.
 """
 
 from __future__ import annotations
@@ -119,3 +120,12 @@ def staged_directory(target: Path, overwrite: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def write_whole(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a staging file beside it: a writer stopped half-way leaves the old file (or
+    none) and a hidden ``.NAME.partial``, never a half-written ``path``."""
+    target = Path(path)
+    staging = target.with_name(f".{target.name}.partial")
+    staging.write_text(text, encoding="utf-8")
+    os.replace(staging, target)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from skiptrain.core.output_dir import write_whole
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.errors import InputError, UsageError
 from skiptrain.export.format import SCHEDULE_FILE
@@ -104,9 +105,7 @@ def write_vectors(
                "margin": margin, "cases": cases}
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f".{target.name}.tmp")
-    staging.write_text(json.dumps(vectors) + "\n")
-    os.replace(staging, target)  # no half-written vectors
+    write_whole(target, json.dumps(vectors) + "\n")
     return vectors
 
 
