@@ -56,6 +56,20 @@ def precision(study: str, name: str) -> str:
     return trained_precision(training_summary(study, name.split("@")[0]))
 
 
+def attempts(trained: dict) -> int:
+    """How many attempts trained a run: a stopped run resumes from its ``last.ckpt`` in a new one, each recorded
+    with its machine in ``trained_on.json``, and the run's ``wall_seconds`` is then the last attempt's alone."""
+    return max(1, len(trained.get("machines", [])))
+
+
+def train_minutes(trained: dict | None) -> str:
+    """A run's training wall time in minutes, saying when it is only the last attempt's."""
+    if not trained:
+        return "-"
+    tried = attempts(trained)
+    return f"{trained['wall_seconds'] / 60:.0f}" + (f" (last of {tried} attempts)" if tried > 1 else "")
+
+
 def share(split: dict | None, ceiling: float | None, metric: str) -> str:
     """``split``'s ``metric`` as a share of the ceiling's (``-`` where either is missing)."""
     return f"{100 * split[metric] / ceiling:.0f}%" if split and ceiling else "-"
@@ -106,14 +120,13 @@ def main() -> None:
 
         losses = (f"{trained['val_loss_schedule']:.3f} / {trained['val_loss_dense']:.3f}"
                   if trained and trained["val_loss_schedule"] is not None else "-")  # None: the run validated nothing
-        minutes = f"{trained['wall_seconds'] / 60:.0f}" if trained else "-"
         print(f"| {name} | {trained_in} | {value(dev, args.metric)} | {value(devmatch, args.metric)} "
               f"| {share(devmatch, shares.get('devmatch'), args.metric)} | {value(test, args.metric)} "
               f"| {share(test, shares.get('test'), args.metric)} | "
               f"{value(test, 'rouge_l')} | {value(test, 'rouge_1')}/{value(test, 'rouge_2')} | "
               f"{value(test, 'mean_layers_per_generated_token', 1.0)} | "
               f"{value(test, 'ideal_speedup_over_generated_tokens', 1.0, 2)}x | "
-              f"{value(test, 'nominal_ideal_speedup', 1.0, 2)}x | {losses} | {minutes} |")
+              f"{value(test, 'nominal_ideal_speedup', 1.0, 2)}x | {losses} | {train_minutes(trained)} |")
     print_seed_spread(args.study, scores, ceiling_precision, ceiling, args.metric)
 
 
@@ -148,6 +161,8 @@ def print_seed_spread(study: str, scores: dict[str, dict[str, dict]], ceiling_pr
 
     def spread(runs: list[dict[str, dict]], split: str) -> tuple[float, str]:
         values = [100 * run[split][metric] for run in runs if split in run]
+        if not values:  # no seed scored on this split
+            return 0.0, "-"
         mean = sum(values) / len(values)
         return mean, f"{mean:.1f} ({min(values):.1f}-{max(values):.1f})"
 

@@ -14,19 +14,20 @@ MACHINE = {"cpu": "a CPU", "cores": 2}
 
 @pytest.fixture
 def results(tmp_path, monkeypatch):
-    """``add(name, test_bleu, precision)``: a scored and recorded run of an ``e2e`` study under ``tmp_path``."""
+    """``add(name, test_bleu, precision, attempts=1)``: a scored and recorded run of an ``e2e`` study under
+    ``tmp_path`` that trained in ``attempts`` attempts (a stopped run resumes in a new one)."""
     monkeypatch.setattr(study_report, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(study_report, "RUNS", tmp_path / "runs")
     monkeypatch.setattr(data_curve, "RESULTS", tmp_path / "results")
     folder = tmp_path / "results" / "e2e" / "study"
     folder.mkdir(parents=True)
 
-    def add(name: str, test_bleu: float, precision: str) -> None:
+    def add(name: str, test_bleu: float, precision: str, attempts: int = 1) -> None:
         score = {"bleu": test_bleu, "rouge_l": test_bleu, "ideal_speedup_over_generated_tokens": 1.0}
         (folder / f"{name}.test.json").write_text(json.dumps(score))
         (folder / f"{name}.devmatch.json").write_text(json.dumps(score))
         trained = {"wall_seconds": 600, "steps": 10, "val_loss_schedule": 1.0, "val_loss_dense": 1.0,
-                   "precision": precision}
+                   "precision": precision, "machines": [MACHINE] * attempts}
         (folder / f"{name}.train.json").write_text(json.dumps(trained))
 
     return add
@@ -70,6 +71,18 @@ def test_the_study_table_gives_no_share_to_a_row_of_another_precision(results, t
     rows = {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+lora_all_r64")}
     assert rows["flat2x+lora_all_r64"][1:2] + rows["flat2x+lora_all_r64"][6:7] == ["bf16-mixed", "90%"]
     assert rows["flat2x+lora_all_r64+fp32"][1:2] + rows["flat2x+lora_all_r64+fp32"][6:7] == ["32-true", "-"]
+
+
+def test_the_tables_say_when_a_resumed_runs_wall_time_is_only_its_last_attempts(results, table):
+    results("dense+lora_all_r64+train8k", 0.60, "32-true", attempts=2)
+    results("dense+lora_all_r64+train8k_s1", 0.60, "32-true")
+    results("flat2x+lora_all_r64+train8k", 0.58, "32-true")
+    rows = {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+lora_all_r64+train8k")}
+    assert rows["dense+lora_all_r64+train8k"][-1] == "10 (last of 2 attempts)"
+    assert rows["dense+lora_all_r64+train8k_s1"][-1] == rows["flat2x+lora_all_r64+train8k"][-1] == "10"
+    curve = {row[2]: row for row in table(data_curve, "e2e")}
+    assert curve["dense+lora_all_r64"][-1] == "10 (1 resumed: last attempt)"
+    assert curve["flat2x+lora_all_r64"][-1] == "10"
 
 
 def test_a_ceiling_whose_seeds_trained_in_two_precisions_is_refused(results, table):
