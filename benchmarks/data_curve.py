@@ -15,7 +15,7 @@ import argparse
 import json
 import re
 
-from benchmarks.study_report import RESULTS, attempts, precision, training_summary
+from benchmarks.study_report import RESULTS, attempt_seconds, precision, training_summary
 
 SIZES = {"": 2000, "train4k": 4000, "train8k": 8000}  # lever -> training pairs
 PRECISION_LEVERS = ("fp32",)  # a precision lever keeps a row on the curve, in its own precision's rows
@@ -55,9 +55,9 @@ def row(study: str, scores: dict[str, dict[str, dict]], runs: list[str], ceiling
     speedup = mean(scores, runs, "test", "ideal_speedup_over_generated_tokens")
     cells.append("-" if speedup is None else f"{speedup:.2f}x")
     trained = [t for t in (training_summary(study, run) for run in runs) if t]
-    resumed = sum(attempts(t) > 1 for t in trained)  # their wall time is their last attempt's
-    minutes = f"{sum(t['wall_seconds'] for t in trained) / 60 / len(trained):.0f}" if trained else "-"
-    cells.append(minutes + (f" ({resumed} resumed: last attempt)" if resumed else ""))
+    resumed = sum(len(attempt_seconds(t)) > 1 for t in trained)
+    minutes = f"{sum(sum(attempt_seconds(t)) for t in trained) / 60 / len(trained):.0f}" if trained else "-"
+    cells.append(minutes + (f" ({resumed} resumed)" if resumed else ""))
     return cells
 
 

@@ -3,8 +3,8 @@
     python benchmarks/study_report.py e2e --ceiling dense+lora_all_r64 > benchmarks/results/e2e/study_table.md
 
 Reads ``benchmarks/results/STUDY/study/NAME.{dev,test}.json`` (written by study.sh) and, for each trained run,
-``runs/STUDY/NAME`` (wall time, final validation losses under the run's schedule and dense, and the precision and
-machines of ``trained_on.json``). When the run directory is gone, the training columns come from
+``runs/STUDY/NAME`` (training time of each attempt, final validation losses under the run's schedule and dense, and
+the precision and machines of ``trained_on.json``). When the run directory is gone, the training columns come from
 ``NAME.train.json`` beside the scores, which ``--record`` writes, so the table can be rebuilt from the committed
 results alone. Shares of the ceiling are of its BLEU (E2E) or ROUGE-L (summarisation) on the same split, and only
 of rows trained in the ceiling's precision; seeds are pooled only within one precision.
@@ -40,10 +40,22 @@ def training_summary(study: str, name: str) -> dict | None:
     validated = [r for r in rows if r.get("val/loss_skip")]  # none where the run's validation never came round
     final = validated[-1] if validated else {}
     steps = max(int(r["step"]) for r in rows) + 1
-    return {"wall_seconds": int((run / "wall_seconds").read_text()), "steps": steps,
+    wall_seconds = int((run / "wall_seconds").read_text())
+    return {"wall_seconds": wall_seconds, "steps": steps,
+            "attempt_seconds": [*map(stopped_attempt_seconds, [log.parent for log in logs[:-1]]), wall_seconds],
             "val_loss_schedule": float(final["val/loss_skip"]) if final else None,
             "val_loss_dense": float(final["val/loss_dense"]) if final else None,
             **(json.loads(trained_on.read_text()) if trained_on.is_file() else {})}
+
+
+def stopped_attempt_seconds(version: Path) -> int:
+    """What a stopped attempt (its ``lightning_logs/version_N``) trained for: from the ``config.yaml`` LightningCLI
+    writes as fit starts to its last checkpoint, which the next attempt resumed from (0: it saved none). The work
+    after that checkpoint was lost with the stop, so it is not counted."""
+    config, checkpoint = version / "config.yaml", version / "checkpoints" / "last.ckpt"
+    if not (config.is_file() and checkpoint.is_file()):
+        return 0
+    return max(0, round(checkpoint.stat().st_mtime - config.stat().st_mtime))
 
 
 def trained_precision(trained: dict | None) -> str:
@@ -56,18 +68,18 @@ def precision(study: str, name: str) -> str:
     return trained_precision(training_summary(study, name.split("@")[0]))
 
 
-def attempts(trained: dict) -> int:
-    """How many attempts trained a run: a stopped run resumes from its ``last.ckpt`` in a new one, each recorded
-    with its machine in ``trained_on.json``, and the run's ``wall_seconds`` is then the last attempt's alone."""
-    return max(1, len(trained.get("machines", [])))
+def attempt_seconds(trained: dict) -> list[int]:
+    """The training seconds of each attempt of a run: a stopped run resumes from its ``last.ckpt`` in a new attempt,
+    and study.sh's ``wall_seconds`` is the last attempt's alone (a run recorded before attempts were: that one)."""
+    return trained.get("attempt_seconds", [trained["wall_seconds"]])
 
 
 def train_minutes(trained: dict | None) -> str:
-    """A run's training wall time in minutes, saying when it is only the last attempt's."""
+    """A run's training time in minutes, over all its attempts, saying how many there were."""
     if not trained:
         return "-"
-    tried = attempts(trained)
-    return f"{trained['wall_seconds'] / 60:.0f}" + (f" (last of {tried} attempts)" if tried > 1 else "")
+    seconds = attempt_seconds(trained)
+    return f"{sum(seconds) / 60:.0f}" + (f" ({len(seconds)} attempts)" if len(seconds) > 1 else "")
 
 
 def share(split: dict | None, ceiling: float | None, metric: str) -> str:

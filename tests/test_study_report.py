@@ -1,6 +1,8 @@
 """The study's tables take no share across precisions and pool seeds only within one, from what each run recorded."""
 
 import json
+import os
+import shutil
 import sys
 
 import pytest
@@ -73,16 +75,45 @@ def test_the_study_table_gives_no_share_to_a_row_of_another_precision(results, t
     assert rows["flat2x+lora_all_r64+fp32"][1:2] + rows["flat2x+lora_all_r64+fp32"][6:7] == ["32-true", "-"]
 
 
-def test_the_tables_say_when_a_resumed_runs_wall_time_is_only_its_last_attempts(results, table):
-    results("dense+lora_all_r64+train8k", 0.60, "32-true", attempts=2)
+def stopped_and_resumed_run(run, stopped_for: int, last_attempt: int) -> None:
+    """A run directory as study.sh leaves it when its first attempt was stopped ``stopped_for`` seconds after fit
+    started (its last checkpoint) and the second, resumed from there, finished in ``last_attempt`` seconds."""
+    for version, steps in ((0, range(0, 5)), (1, range(5, 10))):
+        folder = run / "lightning_logs" / f"version_{version}"
+        (folder / "checkpoints").mkdir(parents=True)
+        (folder / "config.yaml").write_text("seed_everything: 0\n")
+        (folder / "checkpoints" / "last.ckpt").write_bytes(b"")
+        rows = [f"{step},,\n" for step in steps] + [f"{steps[-1]},1.2,1.3\n"]
+        (folder / "metrics.csv").write_text("step,val/loss_skip,val/loss_dense\n" + "".join(rows))
+    started = (run / "lightning_logs/version_0/config.yaml").stat().st_mtime
+    os.utime(run / "lightning_logs/version_0/checkpoints/last.ckpt", (started + stopped_for,) * 2)
+    (run / "wall_seconds").write_text(f"{last_attempt}\n")
+    (run / "trained_on.json").write_text(json.dumps({"precision": "32-true", "machines": [MACHINE] * 2}))
+
+
+def test_a_resumed_runs_train_minutes_add_up_its_attempts(results, table, tmp_path):
+    results("dense+lora_all_r64+train8k", 0.60, "32-true")
     results("dense+lora_all_r64+train8k_s1", 0.60, "32-true")
     results("flat2x+lora_all_r64+train8k", 0.58, "32-true")
-    rows = {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+lora_all_r64+train8k")}
-    assert rows["dense+lora_all_r64+train8k"][-1] == "10 (last of 2 attempts)"
+    stopped_and_resumed_run(tmp_path / "runs/e2e/dense+lora_all_r64+train8k", stopped_for=300, last_attempt=1500)
+    summary = study_report.training_summary("e2e", "dense+lora_all_r64+train8k")
+    assert (summary["attempt_seconds"], summary["steps"], summary["val_loss_schedule"]) == ([300, 1500], 10, 1.2)
+    rows = {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+lora_all_r64+train8k", "--record")}
+    assert rows["dense+lora_all_r64+train8k"][-1] == "30 (2 attempts)"
     assert rows["dense+lora_all_r64+train8k_s1"][-1] == rows["flat2x+lora_all_r64+train8k"][-1] == "10"
     curve = {row[2]: row for row in table(data_curve, "e2e")}
-    assert curve["dense+lora_all_r64"][-1] == "10 (1 resumed: last attempt)"
+    assert curve["dense+lora_all_r64"][-1] == "20 (1 resumed)"  # the mean of 30 and 10 minutes
     assert curve["flat2x+lora_all_r64"][-1] == "10"
+    # the record keeps the attempts, so the committed results rebuild the same table without the run directory
+    shutil.rmtree(tmp_path / "runs")
+    assert {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+lora_all_r64+train8k")} == rows
+
+
+def test_a_stopped_attempt_that_saved_no_checkpoint_counts_nothing(tmp_path):
+    version = tmp_path / "version_0"
+    version.mkdir()
+    (version / "config.yaml").write_text("seed_everything: 0\n")
+    assert study_report.stopped_attempt_seconds(version) == 0
 
 
 def test_a_ceiling_whose_seeds_trained_in_two_precisions_is_refused(results, table):
