@@ -34,8 +34,8 @@ for lever in "$@"; do
 done
 export OMP_NUM_THREADS=${THREADS:-1}
 if [ ! -e "$run/last.ckpt" ]; then
-  # A run that was stopped resumes from its newest last.ckpt (the study bases save one every 25 steps); its
-  # wall_seconds is then the last attempt's, and resumed_from says so.
+  # A run that was stopped resumes from its newest last.ckpt (the study bases save one every 25 steps), named in
+  # resumed_from; its wall_seconds is then the last attempt's (study_report.py adds the stopped attempts' from their logs).
   resume=$(ls -t "$run"/lightning_logs/version_*/checkpoints/last.ckpt 2>/dev/null | head -n 1 || true)
   [ -z "$resume" ] || echo "$resume" >> "$run/resumed_from"
   # What this attempt trains in and on ($run/trained_on.json); a run never resumes in another precision (exit 2).
