@@ -7,7 +7,9 @@
 The ``--config`` chain is read by skiptrain's own CLI parser, as ``fit`` reads it: its ``model.schedule`` is the
 schedule decoded under, its data settings (task, prompt template, ``max_source_tokens``) fill the prompts of
 ``--data`` as training fills them. Without ``--checkpoint`` the configured base model (zero-shot) is scored.
-Decoding is :func:`skiptrain.frontends.inference.complete`: greedy, batches of 8, end-of-sequence stopping.
+Decoding is :func:`skiptrain.frontends.inference.complete`: greedy, or the chain's ``model.generation.sampling``
+(e.g. ``benchmarks/decoding/no_repeat3.yaml``: greedy that never repeats a generated trigram), batches of 8,
+end-of-sequence stopping.
 Quality: multi-reference SacreBLEU and ROUGE (torchmetrics). Cost: the mean executed decoder layers over the tokens
 actually generated, and the ideal speedup that implies, next to the schedule's nominal ideal over its own span.
 Decode speed is measured apart, on a quiet machine (``python -m benchmarks.e2e.speed``). Every output, with its
@@ -18,6 +20,7 @@ source and references, is written beside the scores (``.outputs.jsonl`` for ``.j
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -48,7 +51,9 @@ def main() -> None:
     model = load_model(cli, args.checkpoint)
     schedule = cli.model.schedule_family.build(model.config.num_hidden_layers)
     sources, prompts, references = test_prompts(cli)
-    completions, stats = complete(model, cli.datamodule.tokenizer, schedule, prompts, args.max_new_tokens)
+    sampling = cli.model.generation.sampling
+    completions, stats = complete(model, cli.datamodule.tokenizer, schedule, prompts, args.max_new_tokens,
+                                  sampling=sampling)
     predictions = [c.completion for c in completions]
 
     rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL"))(predictions, references)
@@ -56,6 +61,7 @@ def main() -> None:
         "name": args.name,
         "checkpoint": args.checkpoint or f"{cli.model.model_name} (no fine-tuning)",
         "decode_schedule": {"family": schedule.family, "params": schedule.params},
+        "sampling": dataclasses.asdict(sampling),
         "configs": args.config,
         "data": args.data,
         "test_mrs": len(predictions),

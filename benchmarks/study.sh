@@ -8,8 +8,9 @@
 # precision and machine in trained_on.json (benchmarks/trained_on.py). A
 # lever that starts from another run (runs/STUDY/OTHER/last.ckpt) trains OTHER first when it is missing. Then the
 # model is scored (benchmarks/score.py: the study's base config plus the decoded schedule, read by skiptrain's CLI
-# parser) under its own schedule (or DECODE=SCHEDULE, e.g. plug-and-play skipping of a dense run) on the
-# dev splits, used to choose settings, and on the test split: benchmarks/results/STUDY/study/NAME[@DECODE].{dev,devmatch,test}.json.
+# parser) under its own schedule (or DECODE=SCHEDULE, e.g. plug-and-play skipping of a dense run), with greedy decoding
+# (or DECODING=OPTION: benchmarks/decoding/OPTION.yaml, e.g. no_repeat3) on the dev splits, used to choose settings,
+# and on the test split: benchmarks/results/STUDY/study/NAME[@DECODE[+OPTION]].{dev,devmatch,test}.json.
 # One core and one thread per job (CORE, THREADS).
 set -euo pipefail
 study=$1 schedule=$2; shift 2
@@ -48,7 +49,8 @@ if [ ! -e "$run/last.ckpt" ]; then
   ln -sf "$(ls -t "$run"/lightning_logs/version_*/checkpoints/last.ckpt | head -n 1 | sed "s|^$run/||")" "$run/last.ckpt"
 fi
 decode=${DECODE:-$schedule}
-scored=$name; [ "$decode" = "$schedule" ] || scored="$name@$decode"
+scored=$name; [ "$decode" = "$schedule" ] && [ -z "${DECODING:-}" ] || scored="$name@$decode${DECODING:++$DECODING}"
+decoding=(); [ -z "${DECODING:-}" ] || decoding=(--config "benchmarks/decoding/${DECODING}.yaml")
 out=benchmarks/results/$study/study
 mkdir -p "$out"
 # dev: the split the first study chose on; devmatch (where the study has one): the dev split whose attribute-count
@@ -59,5 +61,5 @@ for split in dev devmatch test; do
   # shellcheck disable=SC2086
   [ -e "$out/$scored.$split.json" ] || taskset -c "${CORE:-1}" python -m benchmarks.score --name "$scored" \
     --checkpoint "$run/last.ckpt" --config "$TRAIN_BASE" --config "benchmarks/schedules/${decode}.yaml" \
-    --data "$data" --threads "${THREADS:-1}" $SCORE_ARGS --out "$out/$scored.$split.json"
+    "${decoding[@]}" --data "$data" --threads "${THREADS:-1}" $SCORE_ARGS --out "$out/$scored.$split.json"
 done

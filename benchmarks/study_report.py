@@ -87,9 +87,20 @@ def share(split: dict | None, ceiling: float | None, metric: str) -> str:
     return f"{100 * split[metric] / ceiling:.0f}%" if split and ceiling else "-"
 
 
+def seedless(name: str) -> str:
+    """A scored run's configuration: its name without the seed, ``NAME_sN[@DECODE]`` -> ``NAME[@DECODE]``."""
+    return re.sub(r"_s\d+(?=@|$)", "", name)
+
+
+def levers(name: str) -> set[str]:
+    """Everything a scored run is named by: its schedule and levers, and the schedule and decoding option it was
+    decoded with (``NAME@DECODE+OPTION``, study.sh's DECODE and DECODING)."""
+    return set(re.split(r"[+@]", seedless(name)))
+
+
 def seed_runs(names: list[str], name: str) -> list[str]:
-    """``name`` and its other seeds ``name_sN``."""
-    return [n for n in names if n == name or re.fullmatch(re.escape(name) + r"_s\d+", n)]
+    """``name`` and its other seeds (``NAME_sN``, or ``NAME_sN@DECODE`` for ``NAME@DECODE``)."""
+    return [n for n in names if seedless(n) == name]
 
 
 def main() -> None:
@@ -110,8 +121,8 @@ def main() -> None:
     for split in SPLITS:
         for path in sorted(folder.glob(f"*.{split}.json")):
             name = path.name.rsplit(".", 2)[0]
-            levers = re.sub(r"_s\d+$", "", name.split("@")[0]).split("+")
-            if set(args.only) <= set(levers) and not set(args.without) & set(levers):
+            named = levers(name)
+            if set(args.only) <= named and not set(args.without) & named:
                 scores.setdefault(name, {})[split] = json.loads(path.read_text())
     ceiling_precision, ceiling = ceiling_means(args.study, scores, args.ceiling, args.metric)
     print(f"| run | precision | dev {args.metric} | matched dev {args.metric} | matched dev share | test {args.metric} "
@@ -167,9 +178,7 @@ def print_seed_spread(study: str, scores: dict[str, dict[str, dict]], ceiling_pr
     per split, and the test mean as a share of the ceiling's test mean where it is the ceiling's precision."""
     seeds: dict[tuple[str, str], list[dict[str, dict]]] = {}
     for name, splits in scores.items():
-        base, _, seed = name.rpartition("_s")
-        key = base if seed.isdigit() and "@" not in name else name
-        seeds.setdefault((key, precision(study, name)), []).append(splits)
+        seeds.setdefault((seedless(name), precision(study, name)), []).append(splits)
 
     def spread(runs: list[dict[str, dict]], split: str) -> tuple[float, str]:
         values = [100 * run[split][metric] for run in runs if split in run]

@@ -69,9 +69,47 @@ def test_sampling_is_seeded_and_respects_top_k():
     assert not torch.equal(runs[0], runs[2])
 
 
+def repeats(row: list[int], n: int) -> bool:
+    grams = [tuple(row[i:i + n]) for i in range(len(row) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def test_blocking_repeated_ngrams_counts_the_generated_tokens_only():
+    model = tiny_model("llama", 4)
+    schedule = SkipDecode(min_layers=2, decay_tokens=4).build(4)
+    ids, mask = left_padded_batch(batch=3, prompt_length=5, continuation=0)
+    free = generate(model, ids, mask, schedule, max_new_tokens=24)
+    assert any(repeats(row, 2) for row in free.tokens.tolist()), "the tiny model loops when nothing is blocked"
+    blocked = generate(model, ids, mask, schedule, max_new_tokens=24, sampling=SamplingConfig(block_repeated_ngrams=2),
+                       return_logits=True)
+    assert not any(repeats(row, 2) for row in blocked.tokens.tolist())
+    # Each token is the best one that does not complete a bigram the row already generated; the prompt's bigrams and
+    # the bigram across the prompt's end stay allowed (a summary may copy its article).
+    for row in range(3):
+        generated = blocked.tokens[row].tolist()
+        for g, token in enumerate(generated):
+            said = {generated[i + 1] for i in range(g - 1) if generated[i] == generated[g - 1]} if g else set()
+            allowed = [t for t in blocked.logits[row, g].argsort(descending=True).tolist() if t not in said]
+            assert token == allowed[0], f"row {row}, token {g}"
+
+
+def test_block_repeated_ngrams_allows_what_the_prompt_said():
+    model = tiny_model("llama", 4)
+    schedule = Dense().build(4)
+    ids, mask = left_padded_batch(batch=1, prompt_length=5, continuation=0)
+    free = generate(model, ids, mask, schedule, max_new_tokens=3).tokens
+    echo = torch.cat([ids, free, ids], dim=1)  # the prompt says its last token, then free's first
+    again = generate(model, echo, torch.ones_like(echo), schedule, max_new_tokens=3).tokens
+    assert again[0, 0] == free[0, 0], "greedy decoding repeats the prompt's bigram across its end"
+    blocked = generate(model, echo, torch.ones_like(echo), schedule, max_new_tokens=3,
+                       sampling=SamplingConfig(block_repeated_ngrams=2)).tokens
+    assert blocked[0, 0] == free[0, 0]  # transformers' no_repeat_ngram_size=2 would ban it: it counts the prompt
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"temperature": 0.0}, "temperature=0.0"), ({"top_k": -1}, "top_k=-1"), ({"top_p": 0.0}, "top_p=0.0")],
+    [({"temperature": 0.0}, "temperature=0.0"), ({"top_k": -1}, "top_k=-1"), ({"top_p": 0.0}, "top_p=0.0"),
+     ({"block_repeated_ngrams": -1}, "block_repeated_ngrams=-1")],
 )
 def test_bad_sampling_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -220,6 +220,8 @@ def test_a_fixed_seed_repeats_the_draws():
     ({"draft_tokens": -1}, "speculative=-1 is invalid with max_new_tokens=4: allowed 0 <= speculative <= 4"),
     ({"draft_tokens": 5}, "speculative=5 is invalid"),
     ({"draft_tokens": 2, "synced": True}, "synced=True is invalid with speculative decoding"),
+    ({"draft_tokens": 2, "sampling": SamplingConfig(block_repeated_ngrams=3)},
+     "sampling.block_repeated_ngrams=3 is invalid with speculative decoding: allowed 0"),
 ])
 def test_what_cannot_be_decoded_losslessly_is_refused_in_one_line(kwargs, message):
     model = tiny_model("llama", LAYERS)

@@ -116,6 +116,28 @@ def test_a_stopped_attempt_that_saved_no_checkpoint_counts_nothing(tmp_path):
     assert study_report.stopped_attempt_seconds(version) == 0
 
 
+def test_rows_decoded_another_way_pool_their_seeds_and_filter_by_how_they_were_decoded(results, table, capsys):
+    # what study.sh DECODE=... DECODING=no_repeat3 scores: a row per trained run (NAME_sN) and way of decoding it
+    results("dense+lora_all_r64", 0.60, "32-true")
+    results("dense+lora_all_r64_s1", 0.62, "32-true")
+    results("flat2x+lora_all_r64", 0.50, "32-true")
+    results("flat2x+lora_all_r64_s1", 0.52, "32-true")
+    for seed, (dense, skip, plug) in {"": (0.66, 0.60, 0.30), "_s1": (0.62, 0.64, 0.34)}.items():
+        results(f"dense+lora_all_r64{seed}@dense+no_repeat3", dense, "32-true")
+        results(f"flat2x+lora_all_r64{seed}@flat2x+no_repeat3", skip, "32-true")
+        results(f"dense+lora_all_r64{seed}@flat2x+no_repeat3", plug, "32-true")
+    rows = table(study_report, "e2e", "--ceiling", "dense+lora_all_r64@dense+no_repeat3", "--only", "no_repeat3")
+    assert {row[0]: row[6] for row in rows} == {  # test shares of the no_repeat3 ceiling's mean, 64
+        "dense+lora_all_r64@dense+no_repeat3": "103%", "dense+lora_all_r64_s1@dense+no_repeat3": "97%",
+        "flat2x+lora_all_r64@flat2x+no_repeat3": "94%", "flat2x+lora_all_r64_s1@flat2x+no_repeat3": "100%",
+        "dense+lora_all_r64@flat2x+no_repeat3": "47%", "dense+lora_all_r64_s1@flat2x+no_repeat3": "53%"}
+    study_report.main()  # again, for the seed table below the rows
+    seeds = {line.split("|")[1].strip(): line.split("|")[-2].strip()
+             for line in capsys.readouterr().out.split("\n\n")[1].splitlines()[2:]}
+    assert seeds == {"dense+lora_all_r64@dense+no_repeat3": "100%", "flat2x+lora_all_r64@flat2x+no_repeat3": "97%",
+                     "dense+lora_all_r64@flat2x+no_repeat3": "50%"}
+
+
 def test_a_ceiling_whose_seeds_trained_in_two_precisions_is_refused(results, table):
     results("dense+lora_all_r64", 0.60, "bf16-mixed")
     results("dense+lora_all_r64_s1", 0.50, "32-true")

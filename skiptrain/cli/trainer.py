@@ -55,7 +55,7 @@ from skiptrain.frontends.inference import (
     read_prompts,
     write_completions,
 )
-from skiptrain.frontends.speculative import check_draft_tokens, check_full_attention
+from skiptrain.frontends.speculative import check_draft_tokens, check_full_attention, check_speculative_sampling
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
 from skiptrain.modeling.precision import resolve_precision
@@ -182,6 +182,9 @@ class SkipTrainer(L.Trainer):
         """
         max_new_tokens = _max_new_tokens(model, max_new_tokens)
         _check_speculation(speculative, max_new_tokens, draft_schedule, dense)
+        sampling = sampling or model.generation.sampling
+        if speculative:
+            check_speculative_sampling(sampling)
         check_batch_size(batch_size)
         config = _model_config(model)
         check_full_attention(speculative, config)
@@ -197,7 +200,7 @@ class SkipTrainer(L.Trainer):
         report = generate_report(
             model.model, tokenizer, draft, prompt_list, dense=dense, compare_dense=compare_dense,
             speculative=speculative, max_new_tokens=max_new_tokens, batch_size=batch_size,
-            sampling=sampling or model.generation.sampling, device=device,
+            sampling=sampling, device=device,
             context=self.precision_plugin.forward_context, prompt_format=prompt_format,
         )
         write_completions(report.completions, output)

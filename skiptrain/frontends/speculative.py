@@ -132,6 +132,14 @@ def check_full_attention(draft_tokens: int, config: PretrainedConfig) -> None:
                          f"{window}): allowed full-attention models; decode with speculative=0")
 
 
+def check_speculative_sampling(sampling: SamplingConfig) -> None:
+    """Refuse ``sampling.block_repeated_ngrams`` for speculative decoding: its drafts and verification apply only
+    the warpers that read no sequence."""
+    if sampling.block_repeated_ngrams:
+        raise UsageError(f"sampling.block_repeated_ngrams={sampling.block_repeated_ngrams} is invalid with "
+                         "speculative decoding: allowed 0, or decode without speculation")
+
+
 @torch.no_grad()
 def speculative_generate(
     model: nn.Module,
@@ -159,7 +167,8 @@ def speculative_generate(
         UsageError: for ``max_new_tokens < 1``, ``draft_tokens`` outside ``[0, max_new_tokens]``, a model with
             sliding-window attention (:func:`~skiptrain.export.custom_generate.sliding_window_of`), or
             ``synced=True``: the number of forward calls depends on what each rank accepts, so ranks of ZeRO-3 or
-            FSDP would not call their layers in lockstep.
+            FSDP would not call their layers in lockstep; or ``sampling.block_repeated_ngrams`` (the verification
+            applies only warpers that read no sequence).
     """
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1")
@@ -169,6 +178,7 @@ def speculative_generate(
         raise UsageError("synced=True is invalid with speculative decoding: its forward calls depend on what each "
                          "rank accepts; allowed synced=False (decode on one process, or without speculation)")
     sampling = sampling or SamplingConfig()
+    check_speculative_sampling(sampling)
     steps = SkipSteps(model, draft, input_ids.shape[1])
     tokens, lengths, stats = speculate(
         steps, input_ids, attention_mask, max_new_tokens, draft_tokens, eos_token_id, pad_token_id,
@@ -177,4 +187,5 @@ def speculative_generate(
     return SpeculativeOutput(tokens=tokens, lengths=lengths, stats=stats, seconds=steps.seconds)
 
 
-__all__ = ["SkipSteps", "SpeculativeOutput", "StepSeconds", "check_draft_tokens", "speculative_generate"]
+__all__ = ["SkipSteps", "SpeculativeOutput", "StepSeconds", "check_draft_tokens", "check_speculative_sampling",
+           "speculative_generate"]

@@ -14,6 +14,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.generation.logits_process import (
     LogitsProcessorList,
+    NoRepeatNGramLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -34,12 +35,16 @@ class SamplingConfig:
         temperature: Softmax temperature (> 0), used when sampling.
         top_k: Keep only the ``top_k`` most likely tokens when sampling (0 keeps all).
         top_p: Keep the smallest set of tokens whose probability reaches ``top_p`` when sampling (1 keeps all).
+        block_repeated_ngrams: Never generate a sequence of this many tokens that the row has already generated, in
+            greedy decoding and sampling alike (0 blocks nothing). Only generated tokens count, not the prompt, so a
+            summary can still copy from its article; transformers' ``no_repeat_ngram_size`` counts the prompt too.
     """
 
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    block_repeated_ngrams: int = 0
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -48,6 +53,9 @@ class SamplingConfig:
             raise UsageError(f"top_k={self.top_k} is invalid: allowed >= 0 (0 disables it)")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"top_p={self.top_p} is invalid: allowed 0 < top_p <= 1")
+        if self.block_repeated_ngrams < 0:
+            raise UsageError(f"block_repeated_ngrams={self.block_repeated_ngrams} is invalid: allowed >= 0 (0 blocks "
+                             "nothing)")
 
     def warpers(self) -> LogitsProcessorList:
         """transformers' own logits warpers for this configuration."""
@@ -59,6 +67,10 @@ class SamplingConfig:
         if self.do_sample and self.top_p < 1.0:
             warpers.append(TopPLogitsWarper(self.top_p))
         return warpers
+
+    def repeat_blocker(self) -> NoRepeatNGramLogitsProcessor | None:
+        """transformers' n-gram blocker for ``block_repeated_ngrams``, to be given the generated tokens only."""
+        return NoRepeatNGramLogitsProcessor(self.block_repeated_ngrams) if self.block_repeated_ngrams else None
 
 
 @dataclass(frozen=True)
@@ -115,7 +127,7 @@ def generate(
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1")
     sampling = sampling or SamplingConfig()
-    warpers = sampling.warpers()
+    warpers, blocker = sampling.warpers(), sampling.repeat_blocker()
     parts = decoder_parts(model)
     eos = torch.tensor([] if eos_token_id is None else eos_token_id, device=input_ids.device).flatten()
     batch, prompt_length = input_ids.shape
@@ -129,6 +141,8 @@ def generate(
         logits = parts.logits(hidden[:, -1]).float()  # [B, vocab]
         if return_logits:
             step_logits.append(logits)
+        if blocker and tokens:  # the generated tokens alone: the prompt's n-grams stay allowed
+            logits = blocker(torch.cat(tokens, dim=1), logits)
         if warpers:  # transformers' warpers take the sequence so far; greedy decoding needs none of it
             logits = warpers(torch.cat([input_ids, *tokens], dim=1) if tokens else input_ids, logits)
         if sampling.do_sample:
