@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import itertools
 import json
 import random
 from collections import Counter
@@ -120,6 +121,30 @@ def test_sampling_with_a_seed_equals_skiptrain_sampling(export, family):
     torch.manual_seed(7)
     out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=True, temperature=0.7, top_p=0.9, top_k=0)
     assert torch.equal(out[:, batch["input_ids"].shape[1]:], expected.tokens)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_blocking_repeated_ngrams_equals_skiptrains(export, family):
+    path = export(family)
+    tokenizer = load_tokenizer(str(path))
+    batch = prompt_batch(tokenizer)
+    skip_model, schedule, _ = load_exported(path)
+
+    def decode(sampling: SamplingConfig):
+        return generate(skip_model, batch["input_ids"], batch["attention_mask"], schedule, max_new_tokens=24,
+                        sampling=sampling, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+
+    free = decode(SamplingConfig())
+    said = [row[:n] for row, n in zip(free.tokens.tolist(), free.lengths.tolist(), strict=True)]
+    assert any(len(set(itertools.pairwise(row))) < len(row) - 1 for row in said), "it repeats when free to"
+    expected = decode(SamplingConfig(block_repeated_ngrams=2))
+    model = hf_skip_model(path)
+    out = model.generate(**batch, max_new_tokens=24, do_sample=False, block_repeated_ngrams=2)
+    assert torch.equal(out[:, batch["input_ids"].shape[1]:], expected.tokens)
+    with pytest.raises(ValueError, match=r"block_repeated_ngrams=2 is invalid with speculative_tokens=2: allowed 0"):
+        model.generate(**batch, max_new_tokens=3, block_repeated_ngrams=2, speculative_tokens=2)
+    with pytest.raises(ValueError, match=r"block_repeated_ngrams=-1 is invalid: allowed an integer >= 0"):
+        model.generate(**batch, max_new_tokens=3, block_repeated_ngrams=-1)
 
 
 @pytest.mark.parametrize("family", HF_FAMILIES)

@@ -42,8 +42,13 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from transformers import DynamicCache, GenerationMixin, LogitsProcessorList
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import DynamicCache, GenerationMixin, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import (
+    NoRepeatNGramLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from .prompt_format import PromptFormat, Source
 
@@ -303,8 +308,20 @@ def encode_sources(model: nn.Module, sources: Sequence[Source], tokenizer: Any) 
     return {"input_ids": ids, "attention_mask": mask}
 
 
+class GeneratedNGramBlocker(LogitsProcessor):
+    """transformers' ``NoRepeatNGramLogitsProcessor`` over the generated tokens only (skiptrain's
+    ``sampling.block_repeated_ngrams``): a decoder-only model's input ids start with the prompt, so
+    ``no_repeat_ngram_size`` would also forbid a summary to copy from its article."""
+
+    def __init__(self, ngram_size: int, prompt_length: int) -> None:
+        self.blocker, self.prompt_length = NoRepeatNGramLogitsProcessor(ngram_size), prompt_length
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return self.blocker(input_ids[:, self.prompt_length:], scores)
+
+
 def generate(*args: Any, model: nn.Module, sources: Sequence[Source] | None = None, speculative_tokens: int = 0,
-             **kwargs: Any) -> Any:
+             block_repeated_ngrams: int = 0, **kwargs: Any) -> Any:
     """transformers' ``generate`` with every decoder layer run only for the columns whose executed set holds it.
 
     Takes (besides ``model``, which transformers passes by keyword, and ``sources``, see :func:`encode_sources`)
@@ -312,7 +329,8 @@ def generate(*args: Any, model: nn.Module, sources: Sequence[Source] | None = No
     ends at the last input column) and decoding must start from an empty cache.
 
     With ``speculative_tokens=K >= 1`` the output is full-depth decoding's, drafted K tokens at a time under the
-    schedule (:func:`speculative_generate`).
+    schedule (:func:`speculative_generate`). With ``block_repeated_ngrams=N >= 1`` no row generates N tokens in a row
+    that it has already generated (:class:`GeneratedNGramBlocker`; not with ``speculative_tokens``).
 
     Raises:
         SkipScheduleError: for a malformed schedule, an unsupported family, right padding, a non-empty cache passed
@@ -335,8 +353,18 @@ def generate(*args: Any, model: nn.Module, sources: Sequence[Source] | None = No
     if not isinstance(speculative_tokens, int) or speculative_tokens < 0:
         raise SkipScheduleError(f"speculative_tokens={speculative_tokens!r} is invalid: allowed an integer >= 0 "
                                 "(0 decodes under the schedule, K >= 1 decodes losslessly with K draft tokens)")
+    if not isinstance(block_repeated_ngrams, int) or block_repeated_ngrams < 0:
+        raise SkipScheduleError(f"block_repeated_ngrams={block_repeated_ngrams!r} is invalid: allowed an integer >= 0 "
+                                "(0 blocks nothing)")
+    if block_repeated_ngrams and speculative_tokens:
+        raise SkipScheduleError(f"block_repeated_ngrams={block_repeated_ngrams} is invalid with speculative_tokens="
+                                f"{speculative_tokens}: allowed 0")
     if speculative_tokens:
         return speculative_generate(model, prompt, speculative_tokens, **kwargs)
+    if block_repeated_ngrams:  # the input ids transformers gives processors start with the prompt (none for embeds)
+        prompt_ids = 0 if prompt.is_floating_point() else prompt.shape[1]
+        kwargs["logits_processor"] = LogitsProcessorList(
+            [*(kwargs.get("logits_processor") or []), GeneratedNGramBlocker(block_repeated_ngrams, prompt_ids)])
     _decode_into_skip_cache(model, kwargs)
     with skipping(model, prompt.shape[1]):
         return GenerationMixin.generate(model, *args, **kwargs)
