@@ -55,9 +55,15 @@ def row(study: str, scores: dict[str, dict[str, dict]], runs: list[str], ceiling
     speedup = mean(scores, runs, "test", "ideal_speedup_over_generated_tokens")
     cells.append("-" if speedup is None else f"{speedup:.2f}x")
     trained = [t for t in (training_summary(study, run) for run in runs) if t]
-    resumed = sum(len(attempt_seconds(t)) > 1 for t in trained)
-    minutes = f"{sum(sum(attempt_seconds(t)) for t in trained) / 60 / len(trained):.0f}" if trained else "-"
-    cells.append(minutes + (f" ({resumed} resumed)" if resumed else ""))
+    timed = [attempt_seconds(t) for t in trained if attempt_seconds(t)]  # a record may have lost its time
+    resumed = sum(len(attempts) > 1 for attempts in timed)
+    minutes = f"{sum(map(sum, timed)) / 60 / len(timed):.0f}" if timed else "-"
+    notes = []
+    if resumed:
+        notes.append(f"{resumed} resumed")
+    if len(timed) < len(trained):
+        notes.append(f"{len(trained) - len(timed)} untimed")
+    cells.append(minutes + (f" ({', '.join(notes)})" if notes else ""))
     return cells
 
 

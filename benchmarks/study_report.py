@@ -70,15 +70,18 @@ def precision(study: str, name: str) -> str:
 
 def attempt_seconds(trained: dict) -> list[int]:
     """The training seconds of each attempt of a run: a stopped run resumes from its ``last.ckpt`` in a new attempt,
-    and study.sh's ``wall_seconds`` is the last attempt's alone (a run recorded before attempts were: that one)."""
+    and study.sh's ``wall_seconds`` is the last attempt's alone (a run recorded before attempts were: that one).
+    None for a run recorded without its run directory, whose time went with it (``wall_seconds`` null)."""
+    if trained.get("wall_seconds") is None:
+        return []
     return trained.get("attempt_seconds", [trained["wall_seconds"]])
 
 
 def train_minutes(trained: dict | None) -> str:
     """A run's training time in minutes, over all its attempts, saying how many there were."""
-    if not trained:
+    seconds = attempt_seconds(trained) if trained else []
+    if not seconds:
         return "-"
-    seconds = attempt_seconds(trained)
     return f"{sum(seconds) / 60:.0f}" + (f" ({len(seconds)} attempts)" if len(seconds) > 1 else "")
 
 

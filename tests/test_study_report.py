@@ -109,6 +109,22 @@ def test_a_resumed_runs_train_minutes_add_up_its_attempts(results, table, tmp_pa
     assert {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+lora_all_r64+train8k")} == rows
 
 
+def test_a_run_whose_time_was_lost_keeps_its_share_and_reads_as_untimed(results, table, tmp_path):
+    results("dense+lora_all_r64+train8k", 0.60, "32-true")
+    results("flat2x+lora_all_r64+train8k", 0.57, "32-true")
+    results("flat2x+lora_all_r64+train8k_s1", 0.63, "32-true")
+    # recorded afterwards, without its run directory: the precision its lever fixes, no time and no losses
+    lost = {"wall_seconds": None, "steps": 10, "val_loss_schedule": None, "val_loss_dense": None,
+            "precision": "32-true"}
+    (tmp_path / "results/e2e/study/flat2x+lora_all_r64+train8k_s1.train.json").write_text(json.dumps(lost))
+    rows = {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+lora_all_r64+train8k")}
+    assert rows["flat2x+lora_all_r64+train8k_s1"][6] == "105%"
+    assert rows["flat2x+lora_all_r64+train8k_s1"][-2:] == ["-", "-"]
+    curve = {row[2]: row for row in table(data_curve, "e2e")}
+    assert curve["flat2x+lora_all_r64"][3:6] == ["2/2", "60.0", "100%"]
+    assert curve["flat2x+lora_all_r64"][-1] == "10 (1 untimed)"  # the mean of the seeds that kept their time
+
+
 def test_a_stopped_attempt_that_saved_no_checkpoint_counts_nothing(tmp_path):
     version = tmp_path / "version_0"
     version.mkdir()
