@@ -211,6 +211,8 @@ STUDY = ROOT / "benchmarks" / "e2e"
     (["smollm2-135m_e2e_3x.yaml"], "flat3x", 4000),
     (["smollm2-135m_e2e_2k.yaml"], "flat2x", 2000),
     (["smollm2-135m_e2e_2k.yaml", "smollm2-135m_e2e_3x.yaml"], "flat3x", 2000),
+    (["smollm2-135m_e2e_8k.yaml"], "flat2x", 8000),
+    (["smollm2-135m_e2e_8k.yaml", "smollm2-135m_e2e_3x.yaml"], "flat3x", 8000),
 ])
 def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragments, schedule, pairs, tmp_path):
     """The user recipe (a seeded subset of the hub's training pairs), read from the study's local files, resolves to
