@@ -5,7 +5,8 @@
 # SCHEDULE names benchmarks/schedules/SCHEDULE.yaml (shared by every study), each LEVER benchmarks/levers/LEVER.yaml (runs/STUDY/ in a
 # lever means this study's runs), stacked on the study's base config. The run is named SCHEDULE+LEVER+... (plus
 # _sN for SEED=N, default 0); its checkpoint lands in runs/STUDY/NAME/last.ckpt, its wall time in wall_seconds, its
-# precision and machine in trained_on.json (benchmarks/trained_on.py). A
+# precision and machine in trained_on.json (benchmarks/trained_on.py), and all three, with its final validation
+# losses, in benchmarks/results/STUDY/study/NAME.train.json once it has trained. A
 # lever that starts from another run (runs/STUDY/OTHER/last.ckpt) trains OTHER first when it is missing. Then the
 # model is scored (benchmarks/score.py: the study's base config plus the decoded schedule, read by skiptrain's CLI
 # parser) under its own schedule (or DECODE=SCHEDULE, e.g. plug-and-play skipping of a dense run), with greedy decoding
@@ -47,6 +48,8 @@ if [ ! -e "$run/last.ckpt" ]; then
     ${resume:+--ckpt_path "$resume"}
   echo $(( $(date +%s) - started )) > "$run/wall_seconds"
   ln -sf "$(ls -t "$run"/lightning_logs/version_*/checkpoints/last.ckpt | head -n 1 | sed "s|^$run/||")" "$run/last.ckpt"
+  # The training record (times, losses, precision) beside the scores too, where it outlives runs/.
+  python -m benchmarks.study_report "$study" --record-run "$name"
 fi
 decode=${DECODE:-$schedule}
 scored=$name; [ "$decode" = "$schedule" ] && [ -z "${DECODING:-}" ] || scored="$name@$decode${DECODING:++$DECODING}"

@@ -5,9 +5,10 @@
 Reads ``benchmarks/results/STUDY/study/NAME.{dev,test}.json`` (written by study.sh) and, for each trained run,
 ``runs/STUDY/NAME`` (training time of each attempt, final validation losses under the run's schedule and dense, and
 the precision and machines of ``trained_on.json``). When the run directory is gone, the training columns come from
-``NAME.train.json`` beside the scores, which ``--record`` writes, so the table can be rebuilt from the committed
-results alone. Shares of the ceiling are of its BLEU (E2E) or ROUGE-L (summarisation) on the same split, and only
-of rows trained in the ceiling's precision; seeds are pooled only within one precision.
+``NAME.train.json`` beside the scores, which study.sh writes as a run finishes training (``--record-run NAME``)
+and ``--record`` writes for every row, so the table can be rebuilt from the committed results alone. Shares of the
+ceiling are of its BLEU (E2E) or ROUGE-L (summarisation) on the same split, and only of rows trained in the
+ceiling's precision; seeds are pooled only within one precision.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import csv
 import json
 import re
 from pathlib import Path
+
+from skiptrain.core.output_dir import write_whole
 
 RESULTS = Path("benchmarks/results")
 RUNS = Path("runs")
@@ -46,6 +49,15 @@ def training_summary(study: str, name: str) -> dict | None:
             "val_loss_schedule": float(final["val/loss_skip"]) if final else None,
             "val_loss_dense": float(final["val/loss_dense"]) if final else None,
             **(json.loads(trained_on.read_text()) if trained_on.is_file() else {})}
+
+
+def record_training(study: str, name: str) -> dict | None:
+    """Write run ``name``'s training summary beside its scores (``NAME.train.json``), where the tables find it once
+    the run directory is gone; the summary, or ``None`` (nothing written) for a run with neither."""
+    trained = training_summary(study, name)
+    if trained is not None:
+        write_whole(RESULTS / study / "study" / f"{name}.train.json", json.dumps(trained, indent=2) + "\n")
+    return trained
 
 
 def stopped_attempt_seconds(version: Path) -> int:
@@ -109,9 +121,11 @@ def seed_runs(names: list[str], name: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study")
-    parser.add_argument("--ceiling", required=True, help="the dense run the shares are of")
+    parser.add_argument("--ceiling", help="the dense run the shares are of (required for a table)")
     parser.add_argument("--metric", default="bleu", help="bleu (E2E) or rouge_l")
     parser.add_argument("--record", action="store_true", help="also write NAME.train.json beside the scores")
+    parser.add_argument("--record-run", metavar="NAME", help="only write NAME.train.json from runs/STUDY/NAME, as "
+                        "study.sh does when a run finishes training, and print no table")
     parser.add_argument("--only", metavar="LEVER", action="append", default=[],
                         help="only the runs with this lever (e.g. fp32: rows trained side by side with their own "
                         "ceiling); repeatable")
@@ -119,6 +133,12 @@ def main() -> None:
                         help="only the runs without this lever (e.g. train4k and train8k, for the table of the "
                         "2,000-pair rows); repeatable")
     args = parser.parse_args()
+    if args.record_run:
+        if record_training(args.study, args.record_run) is None:
+            raise SystemExit(f"no run {RUNS / args.study / args.record_run} to record (its wall_seconds is missing)")
+        return
+    if not args.ceiling:
+        parser.error("--ceiling is required for a table")
     folder = RESULTS / args.study / "study"
     scores: dict[str, dict[str, dict]] = {}
     for split in SPLITS:
@@ -136,7 +156,7 @@ def main() -> None:
         dev, devmatch, test = splits.get("dev"), splits.get("devmatch"), splits.get("test")
         trained = training_summary(args.study, name.split("@")[0])
         if args.record and trained is not None and "@" not in name:
-            (folder / f"{name}.train.json").write_text(json.dumps(trained, indent=2) + "\n")
+            record_training(args.study, name)
 
         def value(split, key, scale=100.0, digits=1):
             return f"{split[key] * scale:.{digits}f}" if split and split.get(key) is not None else "-"

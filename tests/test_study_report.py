@@ -125,6 +125,22 @@ def test_a_run_whose_time_was_lost_keeps_its_share_and_reads_as_untimed(results,
     assert curve["flat2x+lora_all_r64"][-1] == "10 (1 untimed)"  # the mean of the seeds that kept their time
 
 
+def test_a_run_records_its_training_beside_its_scores_as_it_finishes(results, table, tmp_path, monkeypatch):
+    """What study.sh runs after training: the record outlives the run directory, so a sitting that loses runs/ after
+    scoring still leaves the row's time, losses and precision."""
+    results("dense+lora_all_r64+train8k", 0.60, "32-true")
+    stopped_and_resumed_run(tmp_path / "runs/e2e/flat2x+lora_all_r64+train8k", stopped_for=300, last_attempt=1500)
+    monkeypatch.setattr(sys, "argv", ["study_report", "e2e", "--record-run", "flat2x+lora_all_r64+train8k"])
+    study_report.main()
+    shutil.rmtree(tmp_path / "runs")
+    record = json.loads((tmp_path / "results/e2e/study/flat2x+lora_all_r64+train8k.train.json").read_text())
+    assert (record["attempt_seconds"], record["val_loss_schedule"], record["precision"]) == ([300, 1500], 1.2,
+                                                                                             "32-true")
+    monkeypatch.setattr(sys, "argv", ["study_report", "e2e", "--record-run", "flat3x+lora_all_r64+train8k"])
+    with pytest.raises(SystemExit, match="runs/e2e/flat3x.* to record"):  # nothing trained: nothing written
+        study_report.main()
+
+
 def test_a_stopped_attempt_that_saved_no_checkpoint_counts_nothing(tmp_path):
     version = tmp_path / "version_0"
     version.mkdir()
