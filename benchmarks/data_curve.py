@@ -1,6 +1,6 @@
 """Tabulate the E2E data-scale curve: each configuration's share of the same-budget dense ceiling per training size.
 
-    python -m benchmarks.data_curve e2e > benchmarks/results/e2e/data_curve.md
+    python -m benchmarks.data_curve e2e --plot benchmarks/e2e_data_curve.png > benchmarks/results/e2e/data_curve.md
 
 A size is a lever of benchmarks/study.sh (none: the study base's 2,000 pairs; ``train4k``, ``train8k``: the
 subsets of benchmarks/e2e/prepare_train.py); the ``fp32`` lever may be stacked on it. A configuration's scores are
@@ -67,22 +67,71 @@ def row(study: str, scores: dict[str, dict[str, dict]], runs: list[str], ceiling
     return cells
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("study")
-    parser.add_argument("--metric", default="bleu")
-    args = parser.parse_args()
+def curve_groups(study: str) -> tuple[dict[str, dict[str, dict]], dict[tuple[int, str, str], list[str]]]:
+    """The study's scores by run and split, and its runs on the curve grouped by (training pairs, precision,
+    configuration): the seeds of each point."""
     scores: dict[str, dict[str, dict]] = {}
-    for path in (RESULTS / args.study / "study").glob("*.json"):
+    for path in (RESULTS / study / "study").glob("*.json"):
         name, _, split = path.name.removesuffix(".json").rpartition(".")
         if split in ("dev", "devmatch", "test"):
             scores.setdefault(name, {})[split] = json.loads(path.read_text())
-    groups: dict[tuple[int, str, str], list[str]] = {}  # (pairs, precision, configuration) -> its seeds
+    groups: dict[tuple[int, str, str], list[str]] = {}
     for name in sorted(scores):
         point = curve_point(name)
         if point:
             pairs, configuration = point
-            groups.setdefault((pairs, precision(args.study, name), configuration), []).append(name)
+            groups.setdefault((pairs, precision(study, name), configuration), []).append(name)
+    return scores, groups
+
+
+def plot(scores: dict[str, dict[str, dict]], groups: dict[tuple[int, str, str], list[str]], metric: str,
+         path: str) -> None:
+    """Each skip configuration's share of its same-budget, same-precision ceiling against the training pairs, one
+    panel per split, a line per configuration and precision; a hollow marker is a one-seed point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({pairs for pairs, _, _ in groups})
+    lines = sorted({(trained_in, configuration) for _, trained_in, configuration in groups if configuration != CEILING})
+    figure, panels = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for panel, (split, title) in zip(panels, (("test", "test split"), ("devmatch", "matched dev split")), strict=True):
+        for trained_in, configuration in lines:
+            points = []  # (pairs, share in %, seeds scored on the split)
+            for pairs in sizes:
+                runs = groups.get((pairs, trained_in, configuration), [])
+                value = mean(scores, runs, split, metric)
+                dense = mean(scores, groups.get((pairs, trained_in, CEILING), []), split, metric)
+                if value is not None and dense:
+                    points.append((pairs, 100 * value / dense, sum(split in scores[run] for run in runs)))
+            if not points:
+                continue
+            color = f"C{CONFIGURATIONS.index(configuration)}"  # one colour a configuration, a dash a precision
+            panel.plot([pairs for pairs, _, _ in points], [share for _, share, _ in points],
+                       "-" if trained_in == "32-true" else ":", color=color,
+                       label=f"{configuration.split('+')[0]}, {trained_in}")
+            for pairs, share, seeds in points:
+                panel.plot(pairs, share, "o", color=color, markerfacecolor=color if seeds > 1 else "white")
+        panel.axhline(100, color="grey", linewidth=0.8)
+        panel.set_xscale("log", base=2)
+        panel.set_xticks(sizes, [f"{pairs:,}" for pairs in sizes])
+        panel.set_xlabel("training pairs (one epoch)")
+        panel.set_title(title)
+        panel.grid(alpha=0.3)
+    panels[0].set_ylabel(f"{metric} share of the same-budget dense ceiling (%)")
+    panels[0].legend(fontsize=8, title="filled marker: two or more seeds", title_fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("study")
+    parser.add_argument("--metric", default="bleu")
+    parser.add_argument("--plot", metavar="PNG", help="also draw the skip rows' shares against the training pairs")
+    args = parser.parse_args()
+    scores, groups = curve_groups(args.study)
     print(f"| training pairs | precision | configuration | seeds: test / matched dev | test {args.metric} "
           f"| test share of the same-budget ceiling | matched dev {args.metric} | matched dev share "
           "| layer-count speedup over generated tokens (test) | train minutes (mean) |")
@@ -92,6 +141,8 @@ def main() -> None:
         ceiling = groups.get((pairs, trained_in, CEILING), [])
         cells = [str(pairs), trained_in, configuration, *row(args.study, scores, runs, ceiling, args.metric)]
         print(f"| {' | '.join(cells)} |")
+    if args.plot:
+        plot(scores, groups, args.metric, args.plot)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ def table(capsys, monkeypatch):
     return run
 
 
-def test_the_data_curve_divides_each_precision_by_its_own_ceiling_and_never_pools_across_them(results, table):
+def test_the_data_curve_divides_each_precision_by_its_own_ceiling_and_never_pools_across_them(results, table,
+                                                                                              tmp_path):
     results("dense+lora_all_r64+train4k", 0.60, "bf16-mixed")
     results("dense+lora_all_r64+train4k_s1", 0.62, "bf16-mixed")
     results("flat2x+lora_all_r64+train4k", 0.58, "bf16-mixed")
@@ -64,6 +65,9 @@ def test_the_data_curve_divides_each_precision_by_its_own_ceiling_and_never_pool
     bf16, fp32 = rows["bf16-mixed", "flat2x+lora_all_r64"], rows["32-true", "flat2x+lora_all_r64"]
     assert (bf16[3], bf16[4], bf16[5]) == ("1/1", "58.0", "95%")  # of the bf16 ceiling's mean, 61
     assert (fp32[3], fp32[4], fp32[5]) == ("2/2", "42.5", "85%")  # 40 and 45 pooled, of the fp32 ceiling's 50
+    plot = tmp_path / "curve.png"
+    assert table(data_curve, "e2e", "--plot", str(plot)) == list(rows.values())
+    assert plot.read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_study_table_gives_no_share_to_a_row_of_another_precision(results, table):
