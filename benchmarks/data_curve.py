@@ -55,7 +55,7 @@ def row(study: str, scores: dict[str, dict[str, dict]], runs: list[str], ceiling
     speedup = mean(scores, runs, "test", "ideal_speedup_over_generated_tokens")
     cells.append("-" if speedup is None else f"{speedup:.2f}x")
     trained = [t for t in (training_summary(study, run) for run in runs) if t]
-    timed = [attempt_seconds(t) for t in trained if attempt_seconds(t)]  # a record may have lost its time
+    timed = [seconds for seconds in map(attempt_seconds, trained) if seconds]  # a record may have lost its time
     resumed = sum(len(attempts) > 1 for attempts in timed)
     minutes = f"{sum(map(sum, timed)) / 60 / len(timed):.0f}" if timed else "-"
     notes = []

@@ -154,9 +154,8 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, splits in sorted(scores.items(), key=lambda item: -item[1].get("dev", {}).get(args.metric, 0)):
         dev, devmatch, test = splits.get("dev"), splits.get("devmatch"), splits.get("test")
-        trained = training_summary(args.study, name.split("@")[0])
-        if args.record and trained is not None and "@" not in name:
-            record_training(args.study, name)
+        run = name.split("@")[0]
+        trained = record_training(args.study, run) if args.record and run == name else training_summary(args.study, run)
 
         def value(split, key, scale=100.0, digits=1):
             return f"{split[key] * scale:.{digits}f}" if split and split.get(key) is not None else "-"
