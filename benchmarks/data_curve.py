@@ -43,15 +43,28 @@ def mean(scores: dict[str, dict[str, dict]], runs: list[str], split: str, key: s
     return sum(values) / len(values) if values else None
 
 
+def seeds_scored(scores: dict[str, dict[str, dict]], runs: list[str], split: str) -> int:
+    """How many of the runs (a point's seeds) were scored on ``split``."""
+    return sum(split in scores[run] for run in runs)
+
+
+def share_of_ceiling(scores: dict[str, dict[str, dict]], runs: list[str], ceiling: list[str], split: str,
+                     metric: str) -> tuple[float | None, float | None]:
+    """The runs' mean ``metric`` on ``split`` and its share (%) of the ceiling seeds' mean there, the one share that
+    the table and the plot both show (``None`` where the runs, or the ceiling, were not scored on the split)."""
+    value, dense = mean(scores, runs, split, metric), mean(scores, ceiling, split, metric)
+    return value, (100 * value / dense if value is not None and dense else None)
+
+
 def row(study: str, scores: dict[str, dict[str, dict]], runs: list[str], ceiling: list[str], metric: str
         ) -> list[str]:
     """The cells of one configuration at one size and precision, after its name; ``ceiling``: the dense seeds of
     that size and precision (none: no shares)."""
-    cells = ["/".join(str(sum(split in scores[run] for run in runs)) for split in ("test", "devmatch"))]
+    cells = ["/".join(str(seeds_scored(scores, runs, split)) for split in ("test", "devmatch"))]
     for split in ("test", "devmatch"):
-        value, dense = mean(scores, runs, split, metric), mean(scores, ceiling, split, metric)
+        value, share = share_of_ceiling(scores, runs, ceiling, split, metric)
         cells.append("-" if value is None else f"{100 * value:.1f}")
-        cells.append("-" if value is None or dense is None else f"{100 * value / dense:.0f}%")
+        cells.append("-" if share is None else f"{share:.0f}%")
     speedup = mean(scores, runs, "test", "ideal_speedup_over_generated_tokens")
     cells.append("-" if speedup is None else f"{speedup:.2f}x")
     trained = [t for t in (training_summary(study, run) for run in runs) if t]
@@ -101,10 +114,9 @@ def plot(scores: dict[str, dict[str, dict]], groups: dict[tuple[int, str, str], 
             points = []  # (pairs, share in %, seeds scored on the split)
             for pairs in sizes:
                 runs = groups.get((pairs, trained_in, configuration), [])
-                value = mean(scores, runs, split, metric)
-                dense = mean(scores, groups.get((pairs, trained_in, CEILING), []), split, metric)
-                if value is not None and dense:
-                    points.append((pairs, 100 * value / dense, sum(split in scores[run] for run in runs)))
+                _, share = share_of_ceiling(scores, runs, groups.get((pairs, trained_in, CEILING), []), split, metric)
+                if share is not None:
+                    points.append((pairs, share, seeds_scored(scores, runs, split)))
             if not points:
                 continue
             color = f"C{CONFIGURATIONS.index(configuration)}"  # one colour a configuration, a dash a precision
