@@ -218,7 +218,9 @@ def print_seed_spread(study: str, scores: dict[str, dict[str, dict]], ceiling_pr
     for (name, trained_in), runs in sorted(several.items(), key=lambda item: -spread(item[1], "test")[0]):
         test_mean, test_text = spread(runs, "test")
         share = f"{test_mean / ceiling['test']:.0f}%" if trained_in == ceiling_precision else "-"
-        print(f"| {name} | {trained_in} | {len(runs)} | {spread(runs, 'dev')[1]} | {test_text} | {share} |")
+        tested = sum("test" in run for run in runs)  # a seed whose checkpoint was lost may lack the test split
+        count = f"{len(runs)}" + (f" ({tested} on test)" if tested < len(runs) else "")
+        print(f"| {name} | {trained_in} | {count} | {spread(runs, 'dev')[1]} | {test_text} | {share} |")
 
 
 if __name__ == "__main__":

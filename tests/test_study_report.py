@@ -195,3 +195,15 @@ def test_the_recorded_precision_is_what_the_study_configs_resolve_to_on_this_mac
     base = ["benchmarks/e2e/train_base.yaml", "benchmarks/schedules/flat2x.yaml"]
     assert resolved_precision([*base, "benchmarks/levers/fp32.yaml"]) == "32-true"
     assert resolved_precision(base) == ("bf16-mixed" if cpu_bf16_feature() else "32-true")
+
+
+def test_the_seed_table_says_when_a_seed_was_not_scored_on_the_test_split(results, tmp_path, capsys, monkeypatch):
+    # a seed whose checkpoint was lost after its dev split was scored keeps its dev score and no test score
+    results("dense+lora_all_r64", 0.60, "32-true")
+    results("dense+lora_all_r64_s1", 0.62, "32-true")
+    results("dense+lora_all_r64_s2", 0.70, "32-true")
+    (tmp_path / "results/e2e/study/dense+lora_all_r64_s2.test.json").unlink()
+    monkeypatch.setattr(sys, "argv", ["study_report", "e2e", "--ceiling", "dense+lora_all_r64"])
+    study_report.main()
+    seed_row = capsys.readouterr().out.split("\n\n")[1].splitlines()[2]
+    assert [cell.strip() for cell in seed_row.strip("|").split("|")][2:5] == ["3 (2 on test)", "-", "61.0 (60.0-62.0)"]
