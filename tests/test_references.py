@@ -1,5 +1,6 @@
-"""Every dotted ``skiptrain.x.y`` name that the code's docstrings and comments or the docs point at exists, and the
-package's lazy public names are the ones its ``TYPE_CHECKING`` block shows to type checkers.
+"""Every dotted ``skiptrain.x.y`` name that the code's docstrings and comments or the docs point at exists, every
+``benchmarks/...`` path and ``python -m benchmarks...`` module the project names exists, and the package's lazy public
+names are the ones its ``TYPE_CHECKING`` block shows to type checkers.
 
 A reference is a dotted name between backticks: ``:func:`~skiptrain.x.y``` or ````skiptrain.x.y```` in the Python
 sources of skiptrain/, callbacks/ and benchmarks/, and ```skiptrain.x.y``` in README.md and docs/. It resolves when
@@ -14,7 +15,10 @@ import ast
 import importlib
 import importlib.util
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 import skiptrain
 
@@ -104,3 +108,32 @@ def test_the_type_checking_block_imports_every_lazy_name_from_its_module():
     shown = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
              for alias in node.names}
     assert shown == skiptrain._LAZY
+
+
+BENCHMARK_PATH = re.compile(r"(?<![\w/.])benchmarks/[\w./+-]*\w")
+BENCHMARK_MODULE = re.compile(r"python -m (benchmarks(?:\.\w+)+)")
+PLACEHOLDER = re.compile(r"[A-Z]{3,}|[$*{<]")  # STUDY, NAME, $study, *.yaml, {dev,test}, <family>
+
+
+def test_every_benchmarks_path_and_module_the_project_names_exists():
+    """Scripts, configs and modules under benchmarks/ named in docs, recipes, tests and scripts (outputs under
+    benchmarks/results/ and paths with placeholders aside), so that a move leaves no stale command behind."""
+    try:
+        listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the project's files cannot be listed")
+    missing = []
+    for name in listed.split():
+        if name.startswith("benchmarks/results/") or not re.search(r"\.(py|sh|md|yaml|env|toml)$", name):
+            continue
+        path = ROOT / name
+        if not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            for target in BENCHMARK_PATH.findall(line):
+                if not (target.startswith("benchmarks/results/") or PLACEHOLDER.search(target)
+                        or (ROOT / target).exists()):
+                    missing.append(f"{name}:{number}: {target}")
+            missing += [f"{name}:{number}: python -m {module}" for module in BENCHMARK_MODULE.findall(line)
+                        if importlib.util.find_spec(module) is None]
+    assert not missing, f"{len(missing)} benchmark path(s) or module(s) that do not exist:\n" + "\n".join(missing)
