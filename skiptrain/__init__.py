@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from skiptrain.frontends.speculative import SpeculativeOutput, speculative_generate
     from skiptrain.modeling.forward import position_ids_from_mask, skip_forward, skip_hidden_states
     from skiptrain.modeling.generation import GenerationOutput, SamplingConfig, generate
+    from skiptrain.training.integration import PairCollator, skip_aware, skip_loss
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,8 @@
-"""benchmarks/repeats.py counts the word trigrams an output says more than once."""
+"""benchmarks/quality/repeats.py counts the word trigrams an output says more than once."""
 
 import json
 
-from benchmarks.repeats import references, repetition
+from benchmarks.quality.repeats import references, repetition
 
 
 def test_repetition_counts_repeated_trigrams_within_each_output_only():

@@ -3,7 +3,7 @@
 import csv
 from collections import Counter
 
-from benchmarks.e2e.prepare_train import subset
+from benchmarks.quality.e2e.prepare_train import subset
 
 
 def read_rows(path) -> list[list[str]]:

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from benchmarks import data_curve, study_report
-from benchmarks.trained_on import record_attempt, resolved_precision
+from benchmarks.quality import data_curve, study_report
+from benchmarks.quality.trained_on import record_attempt, resolved_precision
 from skiptrain.modeling.precision import cpu_bf16_feature
 
 MACHINE = {"cpu": "a CPU", "cores": 2}
@@ -192,8 +192,8 @@ def test_a_run_resumes_only_in_the_precision_it_started_in(tmp_path):
 
 
 def test_the_recorded_precision_is_what_the_study_configs_resolve_to_on_this_machine():
-    base = ["benchmarks/e2e/train_base.yaml", "benchmarks/schedules/flat2x.yaml"]
-    assert resolved_precision([*base, "benchmarks/levers/fp32.yaml"]) == "32-true"
+    base = ["benchmarks/quality/e2e/train_base.yaml", "benchmarks/quality/schedules/flat2x.yaml"]
+    assert resolved_precision([*base, "benchmarks/quality/levers/fp32.yaml"]) == "32-true"
     assert resolved_precision(base) == ("bf16-mixed" if cpu_bf16_feature() else "32-true")
 
 

@@ -202,7 +202,7 @@ def test_paper_recipes_run_with_a_tiny_stand_in(recipe, tiny_model_dir, tmp_path
     assert torch.isfinite(cli.trainer.callback_metrics["val/loss_skip"])
 
 
-STUDY = ROOT / "benchmarks" / "e2e"
+STUDY = ROOT / "benchmarks" / "quality" / "e2e"
 
 
 @pytest.mark.parametrize(("fragments", "schedule", "pairs"), [
@@ -220,14 +220,14 @@ def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragments, sc
     size_levers = []
     if pairs != 2000:  # the study base trains 2,000 pairs; a lever names the larger subset (study.sh's substitution)
         lever = tmp_path / f"train{pairs // 1000}k.yaml"
-        lever.write_text((ROOT / f"benchmarks/levers/{lever.name}").read_text().replace("runs/STUDY/", "runs/e2e/"))
+        lever.write_text((STUDY.parent / "levers" / lever.name).read_text().replace("runs/STUDY/", "runs/e2e/"))
         size_levers = ["--config", str(lever)]
     recipe = _parse(["--config", str(ROOT / "recipes/smollm2-135m_e2e.yaml"),
                      "--config", str(STUDY / "local_data.yaml"), *size_levers,
                      *[arg for name in fragments for arg in ("--config", str(ROOT / "recipes/fragments" / name))]])
     study = _parse(["--config", str(STUDY / "train_base.yaml"),
-                    "--config", str(ROOT / "benchmarks/schedules" / f"{schedule}.yaml"),
-                    "--config", str(ROOT / "benchmarks/levers/lora_all_r64.yaml"), *size_levers])
+                    "--config", str(STUDY.parent / "schedules" / f"{schedule}.yaml"),
+                    "--config", str(STUDY.parent / "levers/lora_all_r64.yaml"), *size_levers])
 
     def training(cli) -> dict:
         model = {k: v for k, v in cli.model.hparams.items() if k != "generation"}  # generation is evaluation only

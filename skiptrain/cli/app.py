@@ -1,7 +1,7 @@
 """Command line: ``python -m skiptrain fit|validate|test|predict|export|generate|evaluate|calibrate|conformance ...``.
 
 ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's; ``export``, ``generate``, ``evaluate``,
-``calibrate`` and ``conformance`` are methods of :class:`~skiptrain.trainer.SkipTrainer` whose typed arguments
+``calibrate`` and ``conformance`` are methods of :class:`~skiptrain.cli.trainer.SkipTrainer` whose typed arguments
 become options (``--output_dir``, ``--prompts``, ...). :data:`DATA_MODULE` says which of them need a data module:
 for the others the ``data`` section is optional. Adding a subcommand is a SkipTrainer method, one line in
 :meth:`SkipCLI.subcommands` and one in :data:`DATA_MODULE`.
@@ -108,7 +108,7 @@ class SkipCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> SkipTrainer:
         """As LightningCLI's, with Lightning's default rich progress bar replaced by :class:`ProgressBar`, its model
         summary table by :class:`~skiptrain.cli.run_summary.RunSummary`, and a
-        :class:`~skiptrain.preemption.PreemptionCheckpoint` added."""
+        :class:`~skiptrain.training.preemption.PreemptionCheckpoint` added."""
         trainer = super().instantiate_trainer(**kwargs)
         replaced = {RichProgressBar: ProgressBar, ModelSummary: RunSummary, RichModelSummary: RunSummary}
         trainer.callbacks = [replaced[type(c)]() if type(c) in replaced else c for c in trainer.callbacks]
@@ -119,11 +119,12 @@ class SkipCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """As LightningCLI's (a checkpoint's hyper-parameters configure the model), with three differences.
 
-        ``last`` is resolved to the newest ``last.ckpt`` of the run (:func:`~skiptrain.checkpoints.resolve_ckpt_path`).
+        ``last`` is resolved to the newest ``last.ckpt`` of the run
+        (:func:`~skiptrain.training.checkpoints.resolve_ckpt_path`).
 
-        An unreadable checkpoint is refused by name (:class:`~skiptrain.checkpoints.CheckpointError`), and the model
-        named by ``model.model`` (on the command line or in a config) is the one used, not the checkpoint's: a base
-        model moved since training still loads, and an export given with a checkpoint is refused when loaded.
+        An unreadable checkpoint is refused by name (:class:`~skiptrain.training.checkpoints.CheckpointError`), and the
+        model named by ``model.model`` (on the command line or in a config) is the one used, not the checkpoint's: a
+        base model moved since training still loads, and an export given with a checkpoint is refused when loaded.
         """
         subcommand = self.config.get("subcommand")
         settings = self.config.get(subcommand) if subcommand else None
@@ -209,7 +210,7 @@ def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
     """Entry point of the ``skiptrain`` console script; ``args`` lets tests run the CLI in-process.
 
     With ``run=False`` the configuration is parsed and instantiated without running a subcommand. Multi-process
-    runs end their process group when the process exits (:func:`~skiptrain.strategies.release_process_group`).
+    runs end their process group when the process exits (:func:`~skiptrain.training.strategies.release_process_group`).
 
     A user error (:data:`USER_ERRORS`) prints :func:`error_line` and raises ``SystemExit`` with :func:`exit_code`
     (with ``SKIPTRAIN_DEBUG=1`` it propagates as it is); any other exception propagates.

@@ -51,7 +51,7 @@ class StepSeconds:
 
 @dataclass(frozen=True)
 class SpeculativeOutput(GenerationOutput):
-    """:class:`~skiptrain.generation.GenerationOutput` plus what the speculation accepted and cost.
+    """:class:`~skiptrain.modeling.generation.GenerationOutput` plus what the speculation accepted and cost.
 
     Args:
         stats: Verifications, drafts judged and accepted, tokens kept.

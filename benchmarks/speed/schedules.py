@@ -1,0 +1,84 @@
+"""Decode speed of the E2E evidence schedules vs dense: batch 8, the E2E test prompts, 32 new tokens.
+
+    python -m benchmarks.speed.schedules --out benchmarks/results/e2e/speed.json
+
+Speed depends on the schedule, not on the weights (no early stopping: every row generates 32 tokens), so it
+is measured once per schedule on the base SmolLM2-135M. Passes are interleaved (dense, each schedule, dense,
+...) so that drift in machine speed hits all schedules alike; reported is the median of ``--repeats`` passes
+after a warm-up pass, each pass decoding the first ``--batches`` test batches of 8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common.study import load_model, study_config, test_prompts
+from skiptrain import Dense, generate
+from skiptrain.frontends.inference import prompt_batches
+
+TRAIN_BASE = "benchmarks/quality/e2e/train_base.yaml"
+SCHEDULES = ("skipdecode2x", "skipdecode3x", "hsd2x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    cli = study_config([TRAIN_BASE, "benchmarks/quality/schedules/dense.yaml"])  # the test split of the study's config
+    model = load_model(cli, None)
+    _, prompts, _ = test_prompts(cli)
+    batches = list(prompt_batches(cli.datamodule.tokenizer, prompts, batch_size=8))[: args.batches]
+    num_layers = model.config.num_hidden_layers
+    schedules = {"dense": Dense().build(num_layers)}
+    for name in SCHEDULES:
+        family = study_config([TRAIN_BASE, f"benchmarks/quality/schedules/{name}.yaml"]).model.schedule_family
+        schedules[name] = family.build(num_layers)
+
+    def decode(schedule) -> float:
+        start = time.perf_counter()
+        for batch in batches:
+            generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
+                     max_new_tokens=args.new_tokens)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {name: [] for name in schedules}
+    for repeat in range(args.repeats + 1):
+        for name, schedule in schedules.items():
+            seconds = decode(schedule)
+            if repeat:  # the first pass warms up
+                times[name].append(seconds)
+    new_tokens = sum(len(b["prompt_input_ids"]) for b in batches) * args.new_tokens
+    dense = statistics.median(times["dense"])
+    result = {
+        "command": "python -m benchmarks.speed.schedules " + " ".join(f"--{k.replace('_', '-')} {v}"
+                                                               for k, v in vars(args).items()),
+        "batch": 8, "prompts": new_tokens // args.new_tokens, "new_tokens": args.new_tokens,
+        "schedules": {
+            name: {
+                "tokens_per_s": new_tokens / statistics.median(times[name]),
+                "measured_speedup": dense / statistics.median(times[name]),
+                "ideal_speedup": schedule.ideal_speedup(args.new_tokens),
+                "seconds": times[name],
+            }
+            for name, schedule in schedules.items()
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
