@@ -1,13 +1,13 @@
-"""Schedule files given as options: a skip_schedule.json, a family YAML alone or as a recipe fragment; each refusal
-names the option and the file."""
+"""Schedule files given as options: a skip_schedule.json, a family YAML alone or as a recipe fragment, a calibration
+grid; each refusal names the option and the file."""
 
 from __future__ import annotations
 
 import pytest
 
-from skiptrain.core.schedule_files import schedule_from_file
+from skiptrain.core.schedule_files import read_grid, schedule_from_file
 from skiptrain.core.schedules import Ranked, ScheduleError, SkipDecode, Static
-from skiptrain.errors import InputError
+from skiptrain.errors import InputError, UsageError
 
 
 def test_a_skip_schedule_json_is_read_as_stored(tmp_path):
@@ -65,3 +65,26 @@ def test_refusals_name_the_option_and_the_file(tmp_path, name, text, error, mess
 def test_a_missing_file_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match=r"schedule='.*none.yaml' cannot be read \(FileNotFoundError\): give a "):
         schedule_from_file(str(tmp_path / "none.yaml"), 4)
+
+
+def test_a_grid_file_takes_single_values_as_lists(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text("skipdecode: {min_layers: [2, 3], decay_tokens: 8}\nstatic: {depth: 2}\n")
+    assert read_grid(path) == {"skipdecode": {"min_layers": [2, 3], "decay_tokens": [8]}, "static": {"depth": [2]}}
+
+
+@pytest.mark.parametrize(
+    ("text", "error", "message"),
+    [
+        ("- skipdecode\n", UsageError, r"grid='.*grid.yaml' is invalid: allowed a YAML mapping"),
+        ("skipdecode: [2, 3]\n", UsageError, r"grid='.*grid.yaml' is invalid"),
+        ("skipdecode: {min_layers: [2\n", InputError, r"grid='.*grid.yaml' cannot be read"),
+        (None, InputError, r"grid='.*grid.yaml' cannot be read"),
+    ],
+)
+def test_grid_refusals(tmp_path, text, error, message):
+    path = tmp_path / "grid.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(error, match=message):
+        read_grid(path)

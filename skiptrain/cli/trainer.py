@@ -28,6 +28,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import PretrainedConfig
 
+from skiptrain.core.candidates import CalibrationRequest
 from skiptrain.core.output_dir import check_output_dir
 from skiptrain.core.schedule_files import schedule_from_file
 from skiptrain.data.datamodule import SkipDataModule
@@ -60,7 +61,7 @@ from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
 from skiptrain.modeling.precision import resolve_precision
 from skiptrain.text.prompt_format import PromptFormat
-from skiptrain.training.calibrate import Calibration, CalibrationRequest, calibrate, validation_batches
+from skiptrain.training.calibrate import Calibration, calibrate, validation_batches
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
 from skiptrain.training.evaluation import evaluate_against_dense
 from skiptrain.training.module import SkipLM

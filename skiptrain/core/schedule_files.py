@@ -1,4 +1,4 @@
-"""Files a user hands skiptrain that describe schedules: a schedule or a schedule family.
+"""Files a user hands skiptrain that describe schedules: a schedule or a schedule family, and a calibration grid.
 
 An export directory's own ``skip_schedule.json`` is read by :func:`~skiptrain.export.format.schedule_from_export`,
 which names the export in its errors; this module reads a file given as an option, and says which option.
@@ -6,13 +6,14 @@ which names the export in its errors; this module reads a file given as an optio
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from skiptrain.core.schedules import FAMILIES, ScheduleError, SkipSchedule
-from skiptrain.errors import InputError
+from skiptrain.errors import InputError, UsageError
 
 
 def schedule_from_file(path: str, num_layers: int, option: str = "schedule") -> SkipSchedule:
@@ -58,4 +59,21 @@ def _family_from_yaml(text: str) -> Any:
     return classes[name](**(spec.get("init_args") or {}))
 
 
-__all__ = ["schedule_from_file"]
+def read_grid(path: str | os.PathLike) -> dict[str, dict[str, list[Any]]]:
+    """A calibration grid file: ``{family: {parameter: [values]}}`` (a single value counts as a list of one).
+
+    Raises:
+        InputError: for a file that cannot be read as YAML.
+        UsageError: for YAML that is not such a mapping.
+    """
+    try:
+        grid = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise InputError(f"grid={str(path)!r} cannot be read ({' '.join(str(err).split())}): allowed a YAML file "
+                         "{family: {parameter: [values]}}") from err
+    if not isinstance(grid, dict) or not all(isinstance(axes, dict) for axes in grid.values()):
+        raise UsageError(f"grid={str(path)!r} is invalid: allowed a YAML mapping {{family: {{parameter: [values]}}}}")
+    return {name: {k: v if isinstance(v, list) else [v] for k, v in axes.items()} for name, axes in grid.items()}
+
+
+__all__ = ["read_grid", "schedule_from_file"]
