@@ -436,9 +436,7 @@ class Dense(ScheduleFamily):
         return [tuple(range(num_layers))]
 
 
-FAMILIES: dict[str, type[ScheduleFamily]] = {
-    f.name: f for f in (SkipDecode, Ranked, Hierarchical, Static, Dense)
-}
+FAMILIES: dict[str, type[ScheduleFamily]] = {f.name: f for f in (SkipDecode, Ranked, Hierarchical, Static, Dense)}
 
 
 def _trim_constant_tail(items: list) -> list:
