@@ -26,7 +26,7 @@ _LAZY: dict[str, str] = {
     "SkipDecode": "skiptrain.core.schedules",
     "SkipSchedule": "skiptrain.core.schedules",
     "Static": "skiptrain.core.schedules",
-    "skipdecode_for_speedup": "skiptrain.core.schedules",
+    "skipdecode_for_speedup": "skiptrain.core.speedup",
     "position_ids_from_mask": "skiptrain.modeling.forward",
     "skip_forward": "skiptrain.modeling.forward",
     "skip_hidden_states": "skiptrain.modeling.forward",
@@ -79,8 +79,8 @@ if TYPE_CHECKING:
         SkipDecode,
         SkipSchedule,
         Static,
-        skipdecode_for_speedup,
     )
+    from skiptrain.core.speedup import skipdecode_for_speedup
     from skiptrain.export.format import ExportError
     from skiptrain.export.load import ExportedModel, load_exported
     from skiptrain.frontends.speculative import SpeculativeOutput, speculative_generate

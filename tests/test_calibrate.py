@@ -1,5 +1,5 @@
-"""skiptrain calibrate: losses equal validation's exactly, the Pareto front and the choice per target, the layer
-importance profile, the fragments it writes train, and its refusals."""
+"""skiptrain calibrate: losses equal validation's exactly, the choice per target, the layer importance profile, the
+fragments it writes train, and its refusals (the pure candidate search and Pareto front: tests/test_candidates.py)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,9 @@ import torch
 from helpers.cli_args import tiny_args
 
 from skiptrain.cli.app import main
-from skiptrain.core.schedules import Dense, Ranked, ScheduleError, SkipDecode, Static
+from skiptrain.core.schedules import Dense, SkipDecode
 from skiptrain.data.datamodule import SkipDataModule
-from skiptrain.training.calibrate import (
-    Candidate,
-    best_for_target,
-    grid_candidates,
-    importance_ranking,
-    layer_importance,
-    pareto_front,
-    schedule_loss,
-    search_candidates,
-    target_lengths,
-)
+from skiptrain.training.calibrate import importance_ranking, layer_importance, schedule_loss, target_lengths
 from skiptrain.training.losses import target_cross_entropy
 from skiptrain.training.module import SkipLM
 
@@ -105,45 +95,6 @@ def test_refuses_a_non_empty_output_dir_and_bad_options(calibrated, tmp_path, ca
         assert line.startswith("skiptrain calibrate: error: ") and all(n in line for n in needles), line
     assert (out / "candidates.json").read_text() == before
     assert not (tmp_path / "x").exists()
-
-
-# -- the pieces, on constructed inputs -----------------------------------------------------------------------------
-def candidate(loss: float, speedup: float) -> Candidate:
-    return Candidate(Static(depth=2), loss, 6 / speedup, speedup)
-
-
-def test_pareto_front_of_a_constructed_table():
-    a, b, c, d, e, f = (candidate(1.0, 1.0), candidate(1.2, 1.5), candidate(1.3, 1.4), candidate(1.2, 1.6),
-                        candidate(2.0, 3.0), candidate(2.0, 2.5))
-    assert pareto_front([e, c, b, a, d, f]) == [a, d, e]  # b is beaten by d, c by d, f by e
-    assert pareto_front([a]) == [a]
-    assert best_for_target([a, b, c, d, e, f], 1.45) is d
-    assert best_for_target([a, b, c, d, e, f], 2.0) is e
-    assert best_for_target([a, b, c, d, e, f], 3.5) is None
-
-
-def test_search_scores_only_configurations_in_the_target_window():
-    lengths, ranking = [10, 14, 20], [0, 5, 1, 4, 2, 3]
-    found = search_candidates(["skipdecode", "ranked", "hierarchical", "static"], [1.5, 2.0], 6, lengths, ranking,
-                              per_target=3, tolerance=0.15)
-    assert {f.name for f in found} == {"skipdecode", "ranked", "hierarchical", "static"}
-    assert all(isinstance(f, Ranked) and f.ranking == tuple(ranking) for f in found if f.name == "ranked")
-    for family in found:
-        speedup = 6 * sum(lengths) / sum(family.build(6).layers_run(n) for n in lengths)
-        assert speedup >= 1.5
-
-
-def test_grid_leaves_out_invalid_combinations_and_names_bad_fields():
-    grid = {"skipdecode": {"min_layers": [2, 4], "max_layers": [3, 6], "decay_tokens": [8]},
-            "ranked": {"min_layers": [3]}}
-    found = grid_candidates(grid, 6, [0, 5, 4, 3, 2, 1])
-    assert SkipDecode(min_layers=4, max_layers=3, decay_tokens=8) not in found  # min > max is left out
-    assert len([f for f in found if f.name == "skipdecode"]) == 3
-    assert [f.ranking for f in found if f.name == "ranked"] == [(0, 5, 4, 3, 2, 1)]
-    with pytest.raises(ScheduleError, match=r"parameters \['min_layer'\] are invalid"):
-        grid_candidates({"skipdecode": {"min_layer": [2]}}, 6, [])
-    with pytest.raises(ScheduleError, match="grid family='skip' is invalid"):
-        grid_candidates({"skip": {}}, 6, [])
 
 
 # -- losses and the importance profile -----------------------------------------------------------------------------

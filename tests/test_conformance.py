@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from skiptrain.cli.app import main
 from skiptrain.core.schedules import Dense
-from skiptrain.export.format import read_skip_schedule
+from skiptrain.export.format import schedule_from_export
 from skiptrain.frontends.conformance import ConformanceError, check_outputs, read_outputs, read_vectors
 
 PROMPTS = ["The council met on Monday", "Describe the restaurant in one sentence. Attributes: name[The Eagle]",
@@ -38,7 +38,7 @@ def test_transformers_custom_generate_passes_and_dense_decoding_fails(skip_expor
     main(["conformance", "--model.model", str(export), "--prompts", str(prompts), "--vectors", str(vectors_file),
           "--max_new_tokens", str(NEW_TOKENS), "--batch_size", "3", *CPU])
     vectors = read_vectors(vectors_file)
-    assert vectors["skip_schedule"] == {k: v for k, v in read_skip_schedule(export)[1].items()
+    assert vectors["skip_schedule"] == {k: v for k, v in schedule_from_export(export)[1].items()
                                         if k in vectors["skip_schedule"]}
     assert [c["prompt"] for c in vectors["cases"]] == PROMPTS
     assert all(len(c["token_ids"]) == NEW_TOKENS == len(c["top_logits"]) for c in vectors["cases"])
@@ -66,7 +66,7 @@ def test_lossless_vectors_pass_speculative_and_full_depth_decoding_and_fail_the_
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     main(["conformance", "--model.model", str(export), "--prompts", str(tmp_path / "prompts.txt"), "--vectors",
           str(vectors_file), "--max_new_tokens", str(NEW_TOKENS), "--lossless", "true", *CPU])
-    vectors = read_vectors(vectors_file, read_skip_schedule(export)[0])
+    vectors = read_vectors(vectors_file, schedule_from_export(export)[0])
     assert vectors["reference"] == "full_depth"
     skip = AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True).eval()
     for name, model, options in (("speculative", skip, {"speculative_tokens": 3}),
@@ -112,4 +112,4 @@ def test_unreadable_files_are_refused_naming_the_line(skip_export, tmp_path):
     other = {"format": "skiptrain.conformance", "version": 1, "skip_schedule": Dense().build(6).to_dict()}
     vectors.write_text(json.dumps(other))
     with pytest.raises(ConformanceError, match="was written for another schedule than .*skip_schedule.json"):
-        read_vectors(vectors, read_skip_schedule(skip_export("llama"))[0])
+        read_vectors(vectors, schedule_from_export(skip_export("llama"))[0])

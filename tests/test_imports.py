@@ -40,7 +40,7 @@ def test_schedules_work_without_the_ml_stack():
         import sys
         from skiptrain import SkipDecode
         schedule = SkipDecode(max_layers=18, min_layers=5, decay_tokens=32).build(num_layers=24)
-        print(round(schedule.ideal_speedup(32), 2), "torch" in sys.modules)
+        print(round(schedule.sequence_ideal_speedup(32), 2), "torch" in sys.modules)
     """)
     assert out.split() == ["1.97", "False"]
 

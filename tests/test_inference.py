@@ -12,7 +12,7 @@ from helpers.tiny_models import tiny_model
 from helpers.tiny_tokenizer import build_tiny_tokenizer
 
 from skiptrain.core.schedules import Dense, ScheduleError, SkipDecode, SkipSchedule
-from skiptrain.core.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
+from skiptrain.core.speedup import batch_ideal_speedup, cost_summary, mean_executed_layers, parameter_read_speedup
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.frontends.inference import complete, generate_report, parameter_counts, prompt_batches
 from skiptrain.modeling.loading import prepare_tokenizer
@@ -67,11 +67,11 @@ def test_one_definition_of_mean_executed_layers_and_ideal_speedup():
     schedule = SkipDecode(min_layers=2, decay_tokens=6).build(6)
     for n in (1, 4, 6, 30):  # one row of n tokens: exactly the schedule's own numbers
         assert mean_executed_layers(schedule, [n]) == schedule.mean_layers_per_token(n)
-        assert ideal_speedup(schedule, [n]) == schedule.ideal_speedup(n)
+        assert batch_ideal_speedup(schedule, [n]) == schedule.sequence_ideal_speedup(n)
     # rows of different lengths: every generated token counts once
     executed = sum(len(schedule.executed_layers(g)) for n in (3, 9) for g in range(n))
     assert mean_executed_layers(schedule, [3, 9]) == pytest.approx(executed / 12)
-    assert ideal_speedup(schedule, [3, 9]) == pytest.approx(6 / (executed / 12))
+    assert batch_ideal_speedup(schedule, [3, 9]) == pytest.approx(6 / (executed / 12))
     assert cost_summary(schedule, [3, 9]).endswith(f"ideal decode speedup: {6 / (executed / 12):.2f}x "
                                                    "(over 12 generated tokens)")
     with pytest.raises(ScheduleError, match=r"lengths=\[0\] is invalid"):
@@ -86,7 +86,7 @@ def test_decode_stats_count_the_tokens_actually_generated():
     assert [c.prompt for c in completions] == PROMPTS
     assert stats.lengths == tuple(c.num_tokens for c in completions) and stats.num_tokens == sum(stats.lengths)
     assert stats.mean_layers_per_token == mean_executed_layers(schedule, stats.lengths)
-    assert stats.ideal_speedup == ideal_speedup(schedule, stats.lengths)
+    assert stats.ideal_speedup == batch_ideal_speedup(schedule, stats.lengths)
     report = generate_report(model, tokenizer, schedule, PROMPTS, max_new_tokens=5, batch_size=2, compare_dense=True)
     assert f"(over {report.stats.num_tokens} generated tokens)" in report.summary()
 
@@ -105,10 +105,10 @@ def test_the_dense_comparison_times_equal_work_against_the_parameter_read_limit(
     assert len(layers) == 4 and head == len(tokenizer) * 32  # the LM head: vocab x hidden
     per_token = schedule.mean_layers_per_token(7)
     assert timed.parameter_read_limit == pytest.approx((4 * layers[0] + head) / (per_token * layers[0] + head))
-    assert 1 < timed.parameter_read_limit < timed.skip.ideal_speedup == schedule.ideal_speedup(7)
+    assert 1 < timed.parameter_read_limit < timed.skip.ideal_speedup == schedule.sequence_ideal_speedup(7)
     assert (f"measured speedup {timed.measured_speedup:.2f}x" in report.summary()
             and f"parameter-read limit {timed.parameter_read_limit:.2f}x (LM head included; decoder layers alone "
-                f"{schedule.ideal_speedup(7):.2f}x)" in report.summary())
+                f"{schedule.sequence_ideal_speedup(7):.2f}x)" in report.summary())
 
 
 def test_the_parameter_read_limit_counts_every_layer_a_token_runs():

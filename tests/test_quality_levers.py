@@ -9,7 +9,8 @@ from helpers.cli_args import tiny_args
 from helpers.schedules import random_family
 
 from skiptrain.cli.app import main
-from skiptrain.core.schedules import Dense, SkipDecode, anneal_from_dense
+from skiptrain.core.curriculum import anneal_from_dense
+from skiptrain.core.schedules import Dense, SkipDecode
 from skiptrain.modeling.loading import load_causal_lm
 from skiptrain.text.batch import collate
 from skiptrain.training.checkpoints import CheckpointError

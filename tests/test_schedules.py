@@ -14,8 +14,8 @@ from skiptrain.core.schedules import (
     SkipDecode,
     SkipSchedule,
     Static,
-    skipdecode_for_speedup,
 )
+from skiptrain.core.speedup import skipdecode_for_speedup
 
 DRAWS = [(seed, random.Random(seed).choice([3, 4, 6, 12, 24, 30, 32])) for seed in range(400)]
 
@@ -102,7 +102,7 @@ def test_static_and_dense_and_prompt_depth():
 def test_derived_quantities():
     schedule = Static(depth=6).build(24)
     assert schedule.mean_layers_per_token(50) == 6
-    assert schedule.ideal_speedup(50) == 4
+    assert schedule.sequence_ideal_speedup(50) == 4
     assert schedule.layer_flop_fraction(prompt_length=100, generation_length=100) == pytest.approx((100 + 25) / 200)
     decay = SkipDecode(min_layers=2, max_layers=4, decay_tokens=2).build(4)  # counts 4, 3, 2, 2, ...
     assert decay.mean_layers_per_token(4) == pytest.approx((4 + 3 + 2 + 2) / 4)
@@ -118,10 +118,10 @@ def test_describe_merges_runs():
 @pytest.mark.parametrize("target", [2.0, 3.0, 4.0])
 def test_speedup_helper_reaches_target(target):
     family = skipdecode_for_speedup(24, target, decay_tokens=100, generation_length=100)
-    assert family.build(24).ideal_speedup(100) == pytest.approx(target, rel=0.05)
+    assert family.build(24).sequence_ideal_speedup(100) == pytest.approx(target, rel=0.05)
     fixed = skipdecode_for_speedup(24, target, decay_tokens=50, generation_length=200, max_layers=24)
     assert fixed.max_layers == 24
-    assert fixed.build(24).ideal_speedup(200) == pytest.approx(target, rel=0.1)
+    assert fixed.build(24).sequence_ideal_speedup(200) == pytest.approx(target, rel=0.1)
 
 
 def test_export_schema_keys():
@@ -163,6 +163,8 @@ def test_export_schema_keys():
         (lambda: Dense().build(4).check_num_layers(6), "num_layers"),
         (lambda: Dense().build(4).executed_layers(-1), "g"),
         (lambda: Dense().build(4).layer_run_lengths(5, 3), "prompt_length"),
+        (lambda: skipdecode_for_speedup(8, 0.5, decay_tokens=16), "target_speedup"),
+        (lambda: skipdecode_for_speedup(8, 2.0, decay_tokens=16, max_layers=1), "max_layers"),
     ],
 )
 def test_refusals_name_the_field(build, field):

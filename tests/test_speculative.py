@@ -271,18 +271,19 @@ def test_generate_speculative_writes_the_full_depth_completions_and_reports_acce
         assert report.speculation.stats.speculation.judged >= report.speculation.stats.speculation.accepted > 0
 
 
-def test_read_schedule_file_takes_an_export_json_a_family_or_a_recipe_fragment(skip_export, tmp_path):
-    from skiptrain.core.schedules import ScheduleError, read_schedule_file
+def test_schedule_from_file_takes_an_export_json_a_family_or_a_recipe_fragment(skip_export, tmp_path):
+    from skiptrain.core.schedule_files import schedule_from_file
+    from skiptrain.core.schedules import ScheduleError
 
     export = skip_export("llama")
-    own = read_schedule_file(str(export / "skip_schedule.json"), LAYERS)
+    own = schedule_from_file(str(export / "skip_schedule.json"), LAYERS)
     assert own == SkipDecode(max_layers=5, min_layers=2, decay_tokens=4).build(LAYERS)
     fragment = tmp_path / "fragment.yaml"
     fragment.write_text("model:\n  schedule:\n    class_path: skiptrain.Static\n    init_args: {depth: 3}\n")
-    assert read_schedule_file(str(fragment), LAYERS) == Static(depth=3).build(LAYERS)
+    assert schedule_from_file(str(fragment), LAYERS) == Static(depth=3).build(LAYERS)
     with pytest.raises(ScheduleError, match=r"draft_schedule=.*num_layers=6 of the schedule does not match the "
                                             r"model's 4"):
-        read_schedule_file(str(export / "skip_schedule.json"), 4, "draft_schedule")
+        schedule_from_file(str(export / "skip_schedule.json"), 4, "draft_schedule")
     fragment.write_text("class_path: skiptrain.Nope\n")
     with pytest.raises(ScheduleError, match=r"class_path='skiptrain.Nope' is invalid: allowed one of"):
-        read_schedule_file(str(fragment), LAYERS)
+        schedule_from_file(str(fragment), LAYERS)

@@ -77,7 +77,7 @@ def cmd_schedule(args: argparse.Namespace) -> None:
     schedule = family.build(layers)
     record(args.results, "schedule", {"num_layers": layers, "max_layers": family.max_layers,
                                       "min_layers": family.min_layers, "decay_tokens": family.decay_tokens,
-                                      "ideal_decode_speedup": round(schedule.ideal_speedup(), 3),
+                                      "ideal_decode_speedup": round(schedule.sequence_ideal_speedup(), 3),
                                       "ideal_over_generated_tokens": schedule.span})
     print(f"--model.schedule SkipDecode --model.schedule.max_layers {family.max_layers} "
           f"--model.schedule.min_layers {family.min_layers} --model.schedule.decay_tokens {family.decay_tokens}")
@@ -186,7 +186,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         "batch": args.batch, "prompt_columns": ids.shape[1], "new_tokens": args.new_tokens, "dtype": str(dtype),
         "skip_tokens_per_s": round(generated / skip_s, 1), "dense_tokens_per_s": round(generated / dense_s, 1),
         "measured_decode_speedup": round(dense_s / skip_s, 3),
-        "ideal_decode_speedup": round(schedule.ideal_speedup(args.new_tokens), 3),
+        "ideal_decode_speedup": round(schedule.sequence_ideal_speedup(args.new_tokens), 3),
         "skip_sample": tokenizer.decode(skip_tokens[0], skip_special_tokens=True)[:200],
         "dense_sample": tokenizer.decode(dense_tokens[0], skip_special_tokens=True)[:200],
     })

@@ -72,7 +72,7 @@ def main() -> None:
         "mean_generated_tokens": stats.num_tokens / len(completions),
         "mean_layers_per_generated_token": stats.mean_layers_per_token,
         "ideal_speedup_over_generated_tokens": stats.ideal_speedup,
-        "nominal_ideal_speedup": schedule.ideal_speedup(),
+        "nominal_ideal_speedup": schedule.sequence_ideal_speedup(),
         "nominal_span_tokens": schedule.span,
         "quality_decoding_seconds": stats.seconds,
         "threads": args.threads,

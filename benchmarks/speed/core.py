@@ -128,7 +128,7 @@ def main() -> None:
         shape = (args.decode_batch, args.decode_prompt)
         prompts = torch.randint(3, model.config.vocab_size, shape, generator=generator)
         prompt_mask = torch.ones_like(prompts)
-        ideal_decode = skip.ideal_speedup(args.new_tokens)
+        ideal_decode = skip.sequence_ideal_speedup(args.new_tokens)
 
         def decode(schedule, new_tokens):
             return generate(model, prompts, prompt_mask, schedule, max_new_tokens=new_tokens)

@@ -95,7 +95,7 @@ def main() -> None:
         "schedule": {"family": skip.family, "params": skip.params},
         "prompt_length": args.prompt_length, "new_tokens": args.new_tokens,
         "timing": "fastest of the interleaved passes, after one warm-up decode per front-end",
-        "decoder_layers_ideal_speedup": skip.ideal_speedup(args.new_tokens),
+        "decoder_layers_ideal_speedup": skip.sequence_ideal_speedup(args.new_tokens),
         "parameter_read_limit": limit,
         "batches": {},
     }

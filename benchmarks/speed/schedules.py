@@ -69,7 +69,7 @@ def main() -> None:
             name: {
                 "tokens_per_s": new_tokens / statistics.median(times[name]),
                 "measured_speedup": dense / statistics.median(times[name]),
-                "ideal_speedup": schedule.ideal_speedup(args.new_tokens),
+                "ideal_speedup": schedule.sequence_ideal_speedup(args.new_tokens),
                 "seconds": times[name],
             }
             for name, schedule in schedules.items()

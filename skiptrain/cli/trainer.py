@@ -28,8 +28,9 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import PretrainedConfig
 
+from skiptrain.core.candidates import CalibrationRequest
 from skiptrain.core.output_dir import check_output_dir
-from skiptrain.core.schedules import read_schedule_file
+from skiptrain.core.schedule_files import schedule_from_file
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import InputError, UsageError
 from skiptrain.export.hub import check_can_push, push_export
@@ -60,7 +61,7 @@ from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
 from skiptrain.modeling.precision import resolve_precision
 from skiptrain.text.prompt_format import PromptFormat
-from skiptrain.training.calibrate import Calibration, CalibrationRequest, calibrate, validation_batches
+from skiptrain.training.calibrate import Calibration, calibrate, validation_batches
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
 from skiptrain.training.evaluation import evaluate_against_dense
 from skiptrain.training.module import SkipLM
@@ -189,7 +190,7 @@ class SkipTrainer(L.Trainer):
         config = _model_config(model)
         check_full_attention(speculative, config)
         draft = None if draft_schedule is None else \
-            read_schedule_file(draft_schedule, config.num_hidden_layers, "draft_schedule")  # before the weights load
+            schedule_from_file(draft_schedule, config.num_hidden_layers, "draft_schedule")  # before the weights load
         prompt_format = _prompt_format(model, ckpt_path, weights_only, raw_prompts)
         prompt_list, prompt_format = fit_prompts(model.get_tokenizer(), read_prompts(prompts), context_length(config),
                                                  max_new_tokens, long_prompts, prompt_format)

@@ -15,13 +15,11 @@ decoder layers. A :class:`SkipSchedule` is the materialised, validated table of 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from skiptrain.errors import InputError, UsageError
+from skiptrain.errors import UsageError
 
 FORMAT = "skiptrain.skip_schedule"
 SCHEMA_VERSION = 1
@@ -128,8 +126,9 @@ class SkipSchedule:
             raise ScheduleError(f"generation_length={generation_length} is invalid: allowed >= 1")
         return self.layers_run(length) / length
 
-    def ideal_speedup(self, generation_length: int | None = None) -> float:
-        """Ideal decode speedup ``L / mean |E(g)|``: decoder-layer work only, nothing else counted."""
+    def sequence_ideal_speedup(self, generation_length: int | None = None) -> float:
+        """Ideal decode speedup ``L / mean |E(g)|`` of one sequence of ``generation_length`` tokens (default: the span),
+        decoder layers only; for rows of several lengths see :func:`~skiptrain.core.speedup.batch_ideal_speedup`."""
         return self.num_layers / self.mean_layers_per_token(generation_length)
 
     def layer_flop_fraction(self, prompt_length: int, generation_length: int) -> float:
@@ -437,80 +436,7 @@ class Dense(ScheduleFamily):
         return [tuple(range(num_layers))]
 
 
-FAMILIES: dict[str, type[ScheduleFamily]] = {
-    f.name: f for f in (SkipDecode, Ranked, Hierarchical, Static, Dense)
-}
-
-
-def anneal_from_dense(target: SkipSchedule, progress: float) -> SkipSchedule:
-    """The schedule a curriculum trains with at ``progress`` (0: every layer, 1: ``target`` itself).
-
-    Each executed set keeps the target's layers and gets back ``floor((1 - progress) * skipped)`` of the
-    layers the target skips there, so its depth moves linearly from ``num_layers`` to the target's. Skipped
-    layers come back in a fixed order: those the target drops latest along the sequence first, then the higher
-    index first (for SkipDecode: the lowest layers of the top block, so every set stays a contiguous top
-    block over the warm-up layers). Under that order each set is a superset of the target's and a subset of the
-    set before it, so every intermediate schedule is nested and valid.
-
-    Args:
-        target: The schedule training ends with (the one exported and validated).
-        progress: Fraction of the curriculum done, clipped to ``[0, 1]``.
-    """
-    progress = min(max(float(progress), 0.0), 1.0)
-    if progress == 1.0:
-        return target
-    n, table = target.num_layers, target.executed_layers_table
-    dropped_at = {layer: next((g for g, s in enumerate(table) if layer not in s), len(table)) for layer in range(n)}
-    comeback_order = sorted(range(n), key=lambda layer: (-dropped_at[layer], -layer))
-
-    def anneal(layers: tuple[int, ...]) -> tuple[int, ...]:
-        kept = set(layers)
-        skipped = [layer for layer in comeback_order if layer not in kept]
-        back = math.floor((1.0 - progress) * len(skipped))
-        return tuple(sorted(kept.union(skipped[:back])))
-
-    prompt = anneal(target.prompt_layers)
-    # A prompt depth below all layers would cap the sets: keep every annealed set inside the annealed prompt.
-    sets = tuple(tuple(sorted(set(anneal(s)) & set(prompt))) for s in table)
-    return SkipSchedule(n, prompt, sets, family="explicit",
-                        params={"anneal_from_dense": {"target": target.family, "progress": progress}})
-
-
-def read_schedule_file(path: str, num_layers: int, option: str = "schedule") -> SkipSchedule:
-    """A schedule for a model of ``num_layers`` layers from a file, validated for it.
-
-    ``.json``: a ``skip_schedule.json`` (an export's). ``.yaml``/``.yml``: a schedule family as recipes write it,
-    ``{class_path: skiptrain.Ranked, init_args: {...}}``, alone or under ``model.schedule`` (a recipe fragment).
-
-    Raises:
-        InputError: for a missing or unreadable file, or one that is not valid YAML.
-        ScheduleError: naming ``option`` and the file, for content that is not a valid schedule for the model.
-    """
-    import yaml  # only this reader needs it
-
-    origin = f"{option}={path!r}"
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"{origin} cannot be read ({err.__class__.__name__}): give a skip_schedule.json or a schedule "
-                         "YAML (class_path/init_args)") from err
-    try:
-        if Path(path).suffix.lower() == ".json":
-            schedule = SkipSchedule.from_json(text)
-        else:
-            spec = yaml.safe_load(text)
-            spec = spec.get("model", {}).get("schedule", spec) if isinstance(spec, dict) else spec
-            names = {family.__name__: family for family in FAMILIES.values()}
-            name = str(spec.get("class_path", "")).rsplit(".", 1)[-1] if isinstance(spec, dict) else ""
-            _require(name in names, "class_path", spec.get("class_path") if isinstance(spec, dict) else spec,
-                     f"one of {sorted(names)} (skiptrain.Ranked, ...)")
-            schedule = names[name](**(spec.get("init_args") or {})).build(num_layers)
-        schedule.check_num_layers(num_layers)
-    except yaml.YAMLError as err:
-        raise InputError(f"{origin} is not valid YAML: {' '.join(str(err).split())}") from err
-    except (ScheduleError, TypeError) as err:
-        raise ScheduleError(f"{origin}: {err}") from err
-    return schedule
+FAMILIES: dict[str, type[ScheduleFamily]] = {f.name: f for f in (SkipDecode, Ranked, Hierarchical, Static, Dense)}
 
 
 def _trim_constant_tail(items: list) -> list:
@@ -520,39 +446,3 @@ def _trim_constant_tail(items: list) -> list:
         end -= 1
     return items[:end]
 
-
-def skipdecode_for_speedup(
-    num_layers: int,
-    target_speedup: float,
-    decay_tokens: int,
-    generation_length: int | None = None,
-    warmup_layers: int = 1,
-    prompt_depth: PromptDepth = "all",
-    max_layers: int | None = None,
-    tolerance: float = 0.02,
-) -> SkipDecode:
-    """Pick ``min_layers``/``max_layers`` of a SkipDecode schedule for a target ideal decode speedup.
-
-    Among all valid ``(min_layers, max_layers)`` pairs (``max_layers`` fixed when given), returns the one
-    whose ideal speedup over ``generation_length`` tokens (default ``decay_tokens``) is within ``tolerance``
-    (relative) of the target with the largest ``max_layers`` (early tokens keep the most depth, the decay
-    is the steepest), then the closest; if no pair is within tolerance, simply the closest.
-    """
-    _require(target_speedup >= 1.0, "target_speedup", target_speedup, "a number >= 1")
-    length = decay_tokens if generation_length is None else generation_length
-    best, best_key = None, None
-    tops = range(warmup_layers + 1, num_layers + 1) if max_layers is None else [max_layers]
-    for top in tops:
-        for bottom in range(warmup_layers + 1, top + 1):
-            family = SkipDecode(min_layers=bottom, max_layers=top, warmup_layers=warmup_layers,
-                                decay_tokens=decay_tokens, prompt_depth=prompt_depth)
-            speedup = family.build(num_layers).ideal_speedup(length)
-            error = abs(speedup - target_speedup) / target_speedup
-            key = (error > tolerance, -top if error <= tolerance else 0, error)
-            if best_key is None or key < best_key:
-                best, best_key = family, key
-    if best is None:  # max_layers leaves no valid min_layers
-        raise ScheduleError(
-            f"max_layers={max_layers} is invalid: allowed {warmup_layers + 1} <= max_layers <= {num_layers}"
-        )
-    return best

@@ -57,7 +57,7 @@ def is_export(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a directory holding a ``skip_schedule.json``, or one written as an export that lost it.
 
     An export whose ``skip_schedule.json`` is gone still has its ``training_config.yaml`` (or the schedule's copy in
-    ``config.json``): it counts as an export, so that loading it is refused (:func:`read_skip_schedule`) rather
+    ``config.json``): it counts as an export, so that loading it is refused (:func:`schedule_from_export`) rather
     than decoding its weights under another schedule.
     """
     directory = Path(path)
@@ -69,7 +69,7 @@ def is_adapter_export(directory: str | os.PathLike) -> bool:
     return (Path(directory) / ADAPTER_CONFIG_FILE).is_file()
 
 
-def read_skip_schedule(directory: str | os.PathLike) -> tuple[SkipSchedule, dict[str, Any]]:
+def schedule_from_export(directory: str | os.PathLike) -> tuple[SkipSchedule, dict[str, Any]]:
     """Read and validate an export's ``skip_schedule.json``.
 
     Returns:
@@ -105,9 +105,9 @@ def read_record(directory: str | os.PathLike) -> ExportRecord:
     """The :class:`~skiptrain.export.record.ExportRecord` of an export, unverified (see :func:`verify_export`).
 
     Raises:
-        ExportError: as :func:`read_skip_schedule`.
+        ExportError: as :func:`schedule_from_export`.
     """
-    schedule, raw = read_skip_schedule(directory)
+    schedule, raw = schedule_from_export(directory)
     return ExportRecord.from_schedule_file(schedule, raw, training_config(Path(directory)))
 
 

@@ -28,7 +28,7 @@ from skiptrain.export.format import (
     ExportError,
     check_schedule_fits,
     is_adapter_export,
-    read_skip_schedule,
+    schedule_from_export,
     training_config,
 )
 from skiptrain.export.record import ExportRecord
@@ -153,7 +153,7 @@ def check_tokenizer_files(directory: Path) -> None:
 
 
 def _verified(directory: Path) -> tuple[ExportRecord, PretrainedConfig]:
-    schedule, raw = read_skip_schedule(directory)
+    schedule, raw = schedule_from_export(directory)
     record = ExportRecord.from_schedule_file(schedule, raw, training_config(directory))
     adapter = is_adapter_export(directory)
     if adapter and not record.base_model:

@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from skiptrain.core.schedules import Dense, SkipSchedule
-from skiptrain.core.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
+from skiptrain.core.speedup import batch_ideal_speedup, cost_summary, mean_executed_layers, parameter_read_speedup
 from skiptrain.errors import PromptError, UsageError
 from skiptrain.export.custom_generate import SpeculationStats, speedup_bound
 from skiptrain.frontends.speculative import StepSeconds, speculative_generate
@@ -225,7 +225,7 @@ class DecodeStats:
     @property
     def ideal_speedup(self) -> float:
         """Decoder layers / :attr:`mean_layers_per_token`, over the tokens generated (:mod:`skiptrain.core.speedup`)."""
-        return ideal_speedup(self.schedule, self.lengths)
+        return batch_ideal_speedup(self.schedule, self.lengths)
 
 
 def complete(

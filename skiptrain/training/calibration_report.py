@@ -26,10 +26,11 @@ from typing import Any
 
 import yaml
 
+from skiptrain.core.candidates import Candidate
 from skiptrain.core.output_dir import check_output_dir, staged_directory
 from skiptrain.core.schedules import FAMILIES
 from skiptrain.errors import UsageError
-from skiptrain.training.calibrate import Calibration, Candidate
+from skiptrain.training.calibrate import Calibration
 
 COLUMNS = ("family", "loss", "perplexity", "mean_layers", "ideal_speedup", "pareto", "params")
 

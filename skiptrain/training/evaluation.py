@@ -48,7 +48,7 @@ def evaluation_table(scheduled: dict[str, float], dense: dict[str, float], sched
             table["dense"][name] = dense.get(f"test/{name}", float("nan"))
     for column, decoded in (("schedule", schedule), ("dense", Dense().build(schedule.num_layers))):
         table[column]["mean_layers_per_token"] = decoded.mean_layers_per_token(generation_length)
-        table[column]["ideal_speedup"] = decoded.ideal_speedup(generation_length)
+        table[column]["ideal_speedup"] = decoded.sequence_ideal_speedup(generation_length)
     return table
 
 

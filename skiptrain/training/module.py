@@ -27,7 +27,8 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
-from skiptrain.core.schedules import Dense, ScheduleFamily, SkipSchedule, anneal_from_dense
+from skiptrain.core.curriculum import anneal_from_dense
+from skiptrain.core.schedules import Dense, ScheduleFamily, SkipSchedule
 from skiptrain.errors import UsageError
 from skiptrain.export.format import ExportUsageError
 from skiptrain.export.record import ExportRecord
@@ -105,7 +106,7 @@ class Distillation:
 @dataclass
 class Curriculum:
     """Train with a schedule that anneals from dense to ``model.schedule`` (see
-    :func:`~skiptrain.core.schedules.anneal_from_dense`); validation and export always use the target schedule.
+    :func:`~skiptrain.core.curriculum.anneal_from_dense`); validation and export always use the target schedule.
 
     Args:
         fraction: Share of the training steps over which the depth of every position shrinks linearly from all
@@ -345,7 +346,8 @@ class SkipLM(L.LightningModule):
             f"skiptrain: {self.model_name} ({type(decoder_parts(model).model).__name__}, {self.schedule.num_layers} "
             f"layers, {str(model.dtype).removeprefix('torch.')} weights), schedule {self.schedule.family} "
             f"{self.schedule.params}: {self.schedule.mean_layers_per_token():.2f} layers per generated token "
-            f"over its span of {self.schedule.span} tokens, ideal decode speedup {self.schedule.ideal_speedup():.2f}x"
+            f"over its span of {self.schedule.span} tokens, ideal decode speedup "
+            f"{self.schedule.sequence_ideal_speedup():.2f}x"
         )
 
     def load_weights(self, ckpt_path: str | None = None, weights_only: bool | None = None) -> ExportRecord:

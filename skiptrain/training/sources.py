@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from skiptrain.core.schedules import SkipSchedule
-from skiptrain.export.format import is_export, read_skip_schedule
+from skiptrain.export.format import is_export, schedule_from_export
 from skiptrain.export.load import ExportedModel, load_exported
 from skiptrain.export.write import merged_model
 from skiptrain.modeling.loading import load_causal_lm
@@ -47,7 +47,7 @@ class Source:
 
     def schedule(self) -> SkipSchedule | None:
         """The schedule an export brings (read from its ``skip_schedule.json``), or ``None`` for other kinds."""
-        return read_skip_schedule(self.name)[0] if self.kind == "export" else None
+        return schedule_from_export(self.name)[0] if self.kind == "export" else None
 
     def load_export(self, attn_implementation: str = "sdpa", dtype: torch.dtype | None = None) -> ExportedModel:
         """The export, verified and loaded (:func:`~skiptrain.export.load.load_exported`) in ``dtype``."""
