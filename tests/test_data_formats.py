@@ -247,3 +247,27 @@ def test_auto_names_the_formats_it_knows_when_none_matches(tmp_path):
         SkipDataModule(data_files={"train": path})
     with pytest.raises(UsageError, match="task='auto' detects the format from the data: give data.data_files"):
         SkipDataModule()
+
+
+def test_without_a_validation_split_a_seeded_share_of_whole_conversations_is_held_out(chat_tokenizer, tmp_path,
+                                                                                       lightning_log):
+    rows = [{"messages": [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": f"A{i}."},
+                          {"role": "user", "content": f"More {i}?"}, {"role": "assistant", "content": f"B{i}."}]}
+            for i in range(20)]
+    path = write_jsonl(tmp_path / "chats.jsonl", rows)
+
+    def conversations(seed: int) -> tuple[set[str], set[str]]:
+        dm = SkipDataModule(data_files={"train": path}, val_share=0.2, seed=seed)
+        dm.set_tokenizer(chat_tokenizer)
+        dm.setup("fit")
+        assert (len(dm.datasets["train"]), len(dm.datasets["val"])) == (32, 8)  # 16 and 4 conversations
+        return tuple({re.search(r"Question (\d+)", chat_tokenizer.decode(ids))[1]
+                      for ids in dm.datasets[role]["prompt_ids"]} for role in ("train", "val"))
+
+    train, val = conversations(seed=0)
+    assert len(val) == 4 and not train & val  # no conversation is split between training and validation
+    assert conversations(seed=0) == (train, val) and conversations(seed=1) != (train, val)
+    assert any("so 4 of its 20 rows (8 examples) are held out for validation (data.val_share=0.2, seed 0)"
+               in r.getMessage() for r in lightning_log.records)
+    with pytest.raises(UsageError, match="val_share=1 is invalid: allowed 0 <= val_share < 1"):
+        SkipDataModule(data_files={"train": path}, val_share=1)

@@ -162,12 +162,12 @@ class SkipDataModule(L.LightningDataModule):
         """
         super().__init__()
         self.save_hyperparameters()
-        task, chat_default = resolve_task(task, data_files, dataset_id, dataset_config, train_split,
-                                          chat_template, prompt_template)
-        self.hparams.update(task=task, chat_template=chat_default if chat_template is None else chat_template)
-        self.task_spec: TaskSpec = get_task_spec(task)
         self.lengths = Lengths(max_source_tokens, max_target_tokens, block_size)
         self.batching = Batching(batch_size, eval_batch_size, num_workers, packing)
+        task, chat_default = resolve_task(task, data_files, dataset_id, dataset_config, train_split,
+                                          chat_template, prompt_template)  # ``auto`` reads the data's first row
+        self.hparams.update(task=task, chat_template=chat_default if chat_template is None else chat_template)
+        self.task_spec: TaskSpec = get_task_spec(task)
         self.splits = Splits.of(self.task_spec, train_split, val_split, test_split, max_train_samples,
                                 max_eval_samples, val_share)
         self.prompt_format = prompt_format_of(self.task_spec, prompt_template, self.hparams.chat_template,
