@@ -245,8 +245,9 @@ def test_auto_names_the_formats_it_knows_when_none_matches(tmp_path):
     with pytest.raises(DataError, match=r"found no known format in the columns \['question', 'answer'\]; allowed: "
                                         r"messages: \['messages'\]; sharegpt"):
         SkipDataModule(data_files={"train": path})
-    with pytest.raises(UsageError, match="task='auto' detects the format from the data: give data.data_files"):
-        SkipDataModule()
+    for task in ("auto", "messages"):
+        with pytest.raises(UsageError, match=f"task='{task}' reads your data: give data.data_files or data.dataset_id"):
+            SkipDataModule(task=task)
 
 
 def test_without_a_validation_split_a_seeded_share_of_whole_conversations_is_held_out(chat_tokenizer, tmp_path,

@@ -69,32 +69,6 @@ def is_conversational(row: Mapping[str, Any]) -> bool:
     return isinstance(row.get("prompt"), list)
 
 
-def resolve_task(task: str, data_files: Mapping[str, Any] | None, dataset_id: str | None, dataset_config: str | None,
-                 split: str | None, chat_template: bool | None, prompt_template: str | None) -> tuple[str, bool]:
-    """The task to run (``auto`` detected from the data's first row) and whether its prompts use the chat template
-    by default (chats always do).
-
-    Raises:
-        UsageError: for ``auto`` without data, or options a chat cannot take (``chat_template=false``, a template).
-        DataError: for data whose columns match no format.
-    """
-    if task not in (AUTO, "prompt_completion"):
-        return task, TASKS[task].chat if task in TASKS else False
-    if data_files is None and dataset_id is None:
-        if task == AUTO:
-            raise UsageError(f"task={AUTO!r} detects the format from the data: give data.data_files or "
-                             f"data.dataset_id, or name a task; allowed values: {[AUTO, *sorted(TASKS)]}")
-        return task, False
-    row, origin = first_row(split or "train", data_files, dataset_id, dataset_config)
-    if task == AUTO:
-        task = detect_format(list(row), origin)
-    chats = task in CHAT_FORMATS or (task == "prompt_completion" and is_conversational(row))
-    if chats and (chat_template is False or prompt_template not in (None, RAW_TEMPLATE)):
-        raise UsageError(f"{origin} holds {task} chats, rendered whole by the tokenizer's chat template: leave "
-                         "data.chat_template and data.prompt_template unset")
-    return task, chats or TASKS[task].chat
-
-
 class BadRow(Exception):  # noqa: N818 - a row, not a failure of the program
     """A row that gives no example: what is wrong (``kind``) and where (``field``)."""
 
@@ -160,15 +134,18 @@ def _text(row: Mapping[str, Any], name: str, kind: str = "an empty target") -> s
 
 
 def messages_examples(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The examples of a ``messages`` row: one per assistant turn."""
     return conversation_examples(_turns(_column(row, "messages"), "messages"), "messages")
 
 
 def sharegpt_examples(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The examples of a ShareGPT row (``human``/``gpt``/``system`` turns): one per ``gpt`` turn."""
     turns = _turns(_column(row, "conversations"), "conversations", "from", "value", SHAREGPT_ROLES)
     return conversation_examples(turns, "conversations")
 
 
 def alpaca_examples(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The example of an Alpaca row: the instruction, then a blank line and the input if any; the output."""
     instruction = _text(row, "instruction", "an empty instruction")
     extra = row.get("input")
     source = f"{instruction}\n\n{extra.strip()}" if isinstance(extra, str) and extra.strip() else instruction
@@ -176,6 +153,7 @@ def alpaca_examples(row: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def prompt_completion_examples(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The example of a TRL prompt/completion row: strings as they are, or a chat and its one assistant reply."""
     prompt, completion = _column(row, "prompt"), _column(row, "completion")
     if isinstance(prompt, str):
         if not isinstance(completion, str):
@@ -255,6 +233,30 @@ def hold_out(data: datasets.Dataset, share: float, seed: int
     kept_rows = [i for i, group in enumerate(groups) if group not in held]
     held_rows = [i for i, group in enumerate(groups) if group in held]
     return data.select(kept_rows), data.select(held_rows), count, len(unique)
+
+
+def resolve_task(task: str, data_files: Mapping[str, Any] | None, dataset_id: str | None, dataset_config: str | None,
+                 split: str | None, chat_template: bool | None, prompt_template: str | None) -> tuple[str, bool]:
+    """The task to run (``auto`` detected from the data's first row) and whether its prompts use the chat template
+    by default (chats always do).
+
+    Raises:
+        UsageError: for ``auto`` without data, or options a chat cannot take (``chat_template=false``, a template).
+        DataError: for data whose columns match no format.
+    """
+    if data_files is None and dataset_id is None and (task == AUTO or task in READERS):
+        raise UsageError(f"task={task!r} reads your data: give data.data_files or data.dataset_id, or name a task "
+                         f"with data of its own; allowed values: {[AUTO, *sorted(TASKS)]}")
+    if task not in (AUTO, "prompt_completion"):
+        return task, TASKS[task].chat if task in TASKS else False
+    row, origin = first_row(split or "train", data_files, dataset_id, dataset_config)
+    if task == AUTO:
+        task = detect_format(list(row), origin)
+    chats = task in CHAT_FORMATS or (task == "prompt_completion" and is_conversational(row))
+    if chats and (chat_template is False or prompt_template not in (None, RAW_TEMPLATE)):
+        raise UsageError(f"{origin} holds {task} chats, rendered whole by the tokenizer's chat template: leave "
+                         "data.chat_template and data.prompt_template unset")
+    return task, chats or TASKS[task].chat
 
 
 __all__ = ["READERS", "ROW", "SIGNATURES", "BadRow", "chat_source", "conversation_examples", "detect_format",
