@@ -245,6 +245,9 @@ def test_auto_names_the_formats_it_knows_when_none_matches(tmp_path):
     with pytest.raises(DataError, match=r"found no known format in the columns \['question', 'answer'\]; allowed: "
                                         r"messages: \['messages'\]; sharegpt"):
         SkipDataModule(data_files={"train": path})
+    with pytest.raises(DataError, match="dataset 'nobody/nothing-here': cannot read the first row of split 'train' to "
+                                        "find its format"):
+        SkipDataModule(dataset_id="nobody/nothing-here")  # offline in the tests
     for task in ("auto", "messages"):
         with pytest.raises(UsageError, match=f"task='{task}' reads your data: give data.data_files or data.dataset_id"):
             SkipDataModule(task=task)

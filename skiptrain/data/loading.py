@@ -161,5 +161,8 @@ def first_row(split: str, data_files: Mapping[str, str | Sequence[str]] | None, 
             return next(iter(stream)), origin
         except StopIteration as err:
             raise DataError(f"{origin}: split {split!r} is empty") from err
+        except Exception as err:  # noqa: BLE001 - offline, unknown id, no such split: said in one line
+            raise DataError(f"{origin}: cannot read the first row of split {split!r} to find its format "
+                            f"({type(err).__name__}: {err}); check the id, or name data.task") from err
     dataset, origin = load_split(split, data_files, None, None)
     return dataset[0], origin
