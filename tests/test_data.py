@@ -101,7 +101,8 @@ def _check_layout(batch: dict, pad_id: int) -> None:
 
 
 def test_task_table_defaults() -> None:
-    assert set(TASKS) == {"cnn_dailymail", "xsum", "reddit_tldr", "e2e_nlg", "text", "builtin"}
+    assert set(TASKS) == {"cnn_dailymail", "xsum", "reddit_tldr", "e2e_nlg", "text", "builtin", "messages", "sharegpt",
+                          "alpaca", "prompt_completion"}
     assert (TASKS["cnn_dailymail"].dataset_id, TASKS["cnn_dailymail"].dataset_config) == (
         "abisee/cnn_dailymail",
         "3.0.0",
@@ -119,6 +120,10 @@ def test_task_table_defaults() -> None:
         "e2e_nlg": "bleu",
         "text": None,
         "builtin": "bleu",
+        "messages": None,
+        "sharegpt": None,
+        "alpaca": None,
+        "prompt_completion": None,
     }
     for spec in TASKS.values():
         if spec.prompt_template is not None:
@@ -407,10 +412,15 @@ def test_local_files_with_column_mapping(tmp_path: Path, tok, ext: str) -> None:
     prompt = tok.decode(batch["prompt_input_ids"][1], skip_special_tokens=True)
     assert prompt == "Summarize the article in one sentence.\n\nArticle: " + ROWS[1]["doc"] + "\n\nSummary:"
     _check_layout(batch, tok.pad_token_id)
+    dm.setup("fit")  # no validation file: one of the three rows is held out for validation
+    assert len(dm.datasets["train"]) == 2 and dm.datasets["train"].column_names == ["prompt_ids", "target_ids"]
+    assert len(dm.datasets["val"]) == 1
+    no_holdout = _dm(tok, task="xsum", data_files={"train": str(path)}, source_column="doc", target_column="summ",
+                     val_share=0)
     with pytest.warns(UserWarning, match="no val data: split 'validation' not in data_files"):
-        dm.setup("fit")
-    assert len(dm.datasets["train"]) == 3 and dm.datasets["train"].column_names == ["prompt_ids", "target_ids"]
-    assert dm.val_dataloader() == []  # no validation file: Lightning skips validation
+        no_holdout.setup("fit")
+    assert len(no_holdout.datasets["train"]) == 3
+    assert no_holdout.val_dataloader() == []  # Lightning skips validation
 
 
 def test_infer_builder() -> None:
@@ -463,7 +473,7 @@ def test_empty_split_is_named(tmp_path: Path, tok, content: str) -> None:
 def test_empty_rows_dropped_and_counted(tmp_path: Path, tok, lightning_log) -> None:
     path = tmp_path / "train.csv"
     path.write_text('mr,ref\nname[A],A is good.\nname[B],\n,orphan\n"  ",blank\nname[C],NA\n', encoding="utf-8")
-    dm = _dm(tok, task="e2e_nlg", data_files={"train": str(path)})
+    dm = _dm(tok, task="e2e_nlg", data_files={"train": str(path)}, val_share=0)
     with pytest.warns(UserWarning, match="no val data"):
         dm.setup("fit")
     assert len(dm.datasets["train"]) == 2  # "NA" is text, not a missing value
@@ -615,7 +625,8 @@ def test_builtin_datamodule(tok) -> None:
 def test_real_e2e(tok) -> None:
     train_path, test_path = _require(E2E_TRAIN), _require(E2E_TEST)
     train_rows, test_rows = _read_csv(train_path), _read_csv(test_path)
-    dm = _dm(tok, task="e2e_nlg", data_files={"train": str(train_path), "test": str(test_path)}, eval_batch_size=8)
+    dm = _dm(tok, task="e2e_nlg", data_files={"train": str(train_path), "test": str(test_path)}, eval_batch_size=8,
+             val_share=0)  # every training row trains
     with pytest.warns(UserWarning, match="no val data"):
         dm.setup("fit")
     dm.setup("test")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 
 import pytest
 import torch
+from helpers.chat_models import with_chat_template
 from helpers.cli_args import tiny_args
 from transformers import AutoModelForCausalLM
 
@@ -25,10 +25,6 @@ from skiptrain.text.prompt_format import PromptFormat, PromptFormatError
 from skiptrain.training.module import SkipLM
 
 EXPORT = '{"class_path": "skiptrain.callbacks.export.ExportCallback", "init_args": {"output_dir": "%s"}}'
-# the shape of SmolLM2-Instruct's template, without its default system turn
-CHAT_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-                 "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
-                 "{% endif %}")
 NEW_TOKENS = 8
 
 
@@ -56,12 +52,7 @@ def templated(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def chat_model_dir(tiny_model_dir, tmp_path_factory):
     """The tiny llama with a chat template on its tokenizer."""
-    path = tmp_path_factory.mktemp("chat_model") / "model"
-    shutil.copytree(tiny_model_dir("llama"), path)
-    tokenizer = load_tokenizer(str(path))
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(str(path))
-    return str(path)
+    return with_chat_template(tiny_model_dir("llama"), tmp_path_factory.mktemp("chat_model") / "model")
 
 
 def prompts_file(path, sources) -> str:

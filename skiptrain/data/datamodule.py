@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import datasets
 import lightning as L
@@ -32,24 +32,27 @@ from skiptrain.data.columns import (
     resolve_columns,
     resolve_field_columns,
 )
-from skiptrain.data.loading import load_split
+from skiptrain.data.formats import ROW, hold_out, read_examples, resolve_task
+from skiptrain.data.loading import has_split, load_split
+from skiptrain.data.options import Batching, Lengths, Role, Splits
 from skiptrain.data.order import EpochShuffleSampler, ResumingLoader, TrainingPosition
 from skiptrain.data.tokenized import tokenize_blocks, tokenize_pairs
 from skiptrain.errors import DataError, UsageError
 from skiptrain.modeling.loading import load_tokenizer, prepare_tokenizer
 from skiptrain.text.batch import SOURCE, Collator
 from skiptrain.text.prompt_format import PromptFormat, PromptFormatError
-from skiptrain.text.tasks import TASKS, MetricKind, TaskSpec, get_task_spec, validate_template
+from skiptrain.text.tasks import AUTO, TASKS, MetricKind, TaskSpec, get_task_spec, validate_template
 
 # --------------------------------------------------------------------------------------------------------------
 # LightningDataModule
 # --------------------------------------------------------------------------------------------------------------
 
 def prompt_format_of(
-    spec: TaskSpec, prompt_template: str | None, chat_template: bool = False, system_message: str | None = None,
+    spec: TaskSpec, prompt_template: str | None, chat_template: bool | None = None, system_message: str | None = None,
     max_source_tokens: int | None = None,
 ) -> PromptFormat | None:
-    """The prompt format of a task configured with these data options (``None`` for plain language modelling).
+    """The prompt format of a task configured with these data options (``None`` for plain language modelling);
+    ``chat_template=None`` is the task's default (the chat template for chat and instruction data).
 
     Raises:
         UsageError: naming the option, for a template without fields or with a repeated one, or a system message
@@ -58,8 +61,9 @@ def prompt_format_of(
     if spec.is_language_modeling:
         return None
     template = validate_template(prompt_template if prompt_template is not None else spec.prompt_template or "")
+    chat = spec.chat if chat_template is None else chat_template
     try:
-        return PromptFormat(template, chat_template, system_message, max_source_tokens)
+        return PromptFormat(template, chat, system_message, max_source_tokens)
     except PromptFormatError as err:
         raise UsageError(str(err)) from err
 
@@ -69,11 +73,9 @@ def stored_prompt_format(data_hparams: Mapping[str, Any] | None) -> PromptFormat
     if not data_hparams or data_hparams.get("task") not in TASKS:
         return None
     return prompt_format_of(get_task_spec(data_hparams["task"]), data_hparams.get("prompt_template"),
-                            bool(data_hparams.get("chat_template")), data_hparams.get("system_message"),
+                            data_hparams.get("chat_template"), data_hparams.get("system_message"),
                             data_hparams.get("max_source_tokens"))
 
-
-Role = Literal["train", "val", "test"]
 _STAGE_ROLES: dict[str | None, tuple[Role, ...]] = {
     "fit": ("train", "val"),
     "validate": ("val",),
@@ -93,7 +95,7 @@ class SkipDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        task: str,
+        task: str = AUTO,
         tokenizer: str | None = None,
         data_files: dict[str, str | list[str]] | None = None,
         dataset_id: str | None = None,
@@ -101,7 +103,7 @@ class SkipDataModule(L.LightningDataModule):
         source_column: str | None = None,
         target_column: str | None = None,
         prompt_template: str | None = None,
-        chat_template: bool = False,
+        chat_template: bool | None = None,
         system_message: str | None = None,
         max_source_tokens: int = 768,
         max_target_tokens: int = 128,
@@ -109,19 +111,23 @@ class SkipDataModule(L.LightningDataModule):
         batch_size: int = 8,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
+        packing: bool = False,
         train_split: str | None = None,
         val_split: str | None = None,
         test_split: str | None = None,
         max_train_samples: int | None = None,
         max_eval_samples: int | None = None,
+        val_share: float = 0.05,
         prompt_loss: bool = False,
         seed: int = 0,
     ) -> None:
         """Configure the data.
 
         Args:
-            task: One of ``cnn_dailymail``, ``xsum``, ``reddit_tldr``, ``e2e_nlg``, ``text`` (plain language
-                modelling) or ``builtin`` (generated weather data-to-text task; no files, no network).
+            task: ``auto`` (the default: the format found from the columns of ``data_files`` or ``dataset_id``), a
+                format: ``messages``, ``sharegpt``, ``alpaca``, ``prompt_completion``, ``text`` (plain language
+                modelling) (see docs/data.md), or a task of the study: ``cnn_dailymail``, ``xsum``, ``reddit_tldr``,
+                ``e2e_nlg``, ``builtin`` (generated weather data-to-text; no files, no network).
             tokenizer: Tokenizer name or path, resolved like the model name it is usually linked from (hub id,
                 local directory, ``.gguf`` file or bundled short name). A tokenizer object can be given instead with
                 ``set_tokenizer``.
@@ -133,8 +139,9 @@ class SkipDataModule(L.LightningDataModule):
             target_column: Column with the target; ``None`` = task default.
             prompt_template: Prompt with ``{source}`` (the source column) and/or ``{column}`` placeholders naming
                 other data columns, each once; ``None`` = task default.
-            chat_template: Make each prompt with the tokenizer's own ``apply_chat_template``: the filled template is
-                the user message, the generation prompt follows; targets are still the only labelled tokens.
+            chat_template: Make each prompt with the tokenizer's own ``apply_chat_template`` (a conversation's turns,
+                or the filled template as the user message), the generation prompt last; targets are still the only
+                labelled tokens. ``None`` = the task's default: on for chats and Alpaca rows, off otherwise.
             system_message: A system message before the user message (with ``chat_template``).
             max_source_tokens: Maximum prompt length in tokens; the source is trimmed, never the template.
             max_target_tokens: Maximum target tokens (EOS is appended after them).
@@ -142,55 +149,41 @@ class SkipDataModule(L.LightningDataModule):
             batch_size: Training batch size.
             eval_batch_size: Validation/test/predict batch size; ``None`` = ``batch_size``.
             num_workers: DataLoader worker processes.
+            packing: Several examples in one row; refused, since it cannot keep the schedule exact (docs/data.md).
             train_split: Training split name; ``None`` = task default (``train``).
             val_split: Validation split name; ``None`` = task default (``validation``).
             test_split: Test split name, also used by ``predict_dataloader``; ``None`` = task default (``test``).
             max_train_samples: Keep a seeded random subset of this many training examples (blocks for ``text``).
             max_eval_samples: Keep the first this many evaluation examples (unique sources for E2E/builtin).
+            val_share: Without a validation split, this seeded share of the training rows (whole conversations) is
+                held out for validation; 0 holds out none.
             prompt_loss: Also compute the loss on prompt tokens.
-            seed: Seed for shuffling, subsampling and the builtin task.
+            seed: Seed for shuffling, subsampling, the held-out rows and the builtin task.
         """
         super().__init__()
+        self.save_hyperparameters()
+        self.lengths = Lengths(max_source_tokens, max_target_tokens, block_size)
+        self.batching = Batching(batch_size, eval_batch_size, num_workers, packing)
+        task, chat_default = resolve_task(task, data_files, dataset_id, dataset_config, train_split,
+                                          chat_template, prompt_template)  # ``auto`` reads the data's first row
+        self.hparams.update(task=task, chat_template=chat_default if chat_template is None else chat_template)
         self.task_spec: TaskSpec = get_task_spec(task)
-        for name, value in (
-            ("max_source_tokens", max_source_tokens),
-            ("max_target_tokens", max_target_tokens),
-            ("block_size", block_size),
-            ("batch_size", batch_size),
-        ):
-            if value < 1:
-                raise UsageError(f"{name} must be >= 1, got {value}")
-        self.prompt_format = prompt_format_of(self.task_spec, prompt_template, chat_template, system_message,
-                                              max_source_tokens)
+        self.splits = Splits.of(self.task_spec, train_split, val_split, test_split, max_train_samples,
+                                max_eval_samples, val_share)
+        self.prompt_format = prompt_format_of(self.task_spec, prompt_template, self.hparams.chat_template,
+                                              system_message, max_source_tokens)
         self.tokenizer_name = tokenizer
         self.data_files = dict(data_files) if data_files is not None else None
         self.dataset_id = dataset_id or self.task_spec.dataset_id
         self.dataset_config = dataset_config if dataset_config is not None else self.task_spec.dataset_config
-        if task == "builtin" and dataset_id is None:
-            self.dataset_id = None
-        self.source_column = source_column
-        self.target_column = target_column
-        self.max_source_tokens = max_source_tokens
-        self.max_target_tokens = max_target_tokens
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = num_workers
-        self.split_names: dict[Role, str] = {
-            "train": train_split or self.task_spec.train_split,
-            "val": val_split or self.task_spec.val_split,
-            "test": test_split or self.task_spec.test_split,
-        }
-        self.max_train_samples = max_train_samples
-        self.max_eval_samples = max_eval_samples
-        self.prompt_loss = prompt_loss
-        self.seed = seed
+        self.columns = (source_column, target_column)
+        self.prompt_loss, self.seed = prompt_loss, seed
         self._tokenizer: Any = None
         self.datasets: dict[Role, datasets.Dataset] = {}
         self._missing: set[Role] = set()
+        self._read_splits: dict[str, tuple[datasets.Dataset, str]] = {}
         self._resume_at = TrainingPosition()
         self._train_loader_built = False
-        self.save_hyperparameters()
 
     # ---- public properties --------------------------------------------------------------------------------------
 
@@ -206,7 +199,7 @@ class SkipDataModule(L.LightningDataModule):
 
     def use_prompt_format(self, prompt_format: PromptFormat) -> None:
         """Make prompts with ``prompt_format`` (e.g. the one an export records); clears already tokenised splits."""
-        self.prompt_format = dataclasses.replace(prompt_format, max_source_tokens=self.max_source_tokens)
+        self.prompt_format = dataclasses.replace(prompt_format, max_source_tokens=self.lengths.max_source_tokens)
         self.datasets = {}
         self._missing = set()
 
@@ -249,12 +242,7 @@ class SkipDataModule(L.LightningDataModule):
             self.prompt_format.encode(self.tokenizer, [empty])  # the template fits (and a chat template exists)
         if context_length is None:
             return
-        if self.task_spec.is_language_modeling:
-            limits, longest = f"block_size={self.block_size}", self.block_size
-        else:
-            longest = self.max_source_tokens + self.max_target_tokens + 1
-            limits = (f"max_source_tokens={self.max_source_tokens} + max_target_tokens={self.max_target_tokens} "
-                      "+ 1 (EOS)")
+        limits, longest = self.lengths.limit(self.task_spec.is_language_modeling)
         if longest > context_length:
             raise UsageError(f"{limits} = {longest} tokens exceeds the model's context length of {context_length} "
                              "tokens: lower them so that an example fits")
@@ -300,22 +288,22 @@ class SkipDataModule(L.LightningDataModule):
         data = self._get("train", "fit")
         at, self._resume_at = self._resume_at, TrainingPosition()
         self._train_loader_built = True
-        return self._loader(data, self.batch_size, sampler=EpochShuffleSampler(len(data), self.seed, at.epoch),
+        return self._loader(data, self.batching.batch_size, sampler=EpochShuffleSampler(len(data), self.seed, at.epoch),
                             skip_batches=at.batches)
 
     def val_dataloader(self) -> DataLoader | list:
         """Validation batches; an empty list (Lightning skips validation) when there is no validation split."""
         if "val" in self._missing:
             return []
-        return self._loader(self._get("val", "validate"), self.eval_batch_size)
+        return self._loader(self._get("val", "validate"), self.batching.eval_size)
 
     def test_dataloader(self) -> DataLoader:
         """Test batches."""
-        return self._loader(self._get("test", "test"), self.eval_batch_size)
+        return self._loader(self._get("test", "test"), self.batching.eval_size)
 
     def predict_dataloader(self) -> DataLoader:
         """Batches of the test split for generation."""
-        return self._loader(self._get("test", "predict"), self.eval_batch_size)
+        return self._loader(self._get("test", "predict"), self.batching.eval_size)
 
     def state_dict(self) -> dict[str, Any]:
         """Saved in each checkpoint of a fit: its position (:class:`~skiptrain.data.order.TrainingPosition`)."""
@@ -363,42 +351,74 @@ class SkipDataModule(L.LightningDataModule):
             batch_size=batch_size,
             sampler=sampler,
             collate_fn=self.collator(),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            num_workers=self.batching.num_workers,
+            persistent_workers=self.batching.num_workers > 0,
         )
 
     def _build(self, role: Role) -> datasets.Dataset:
-        split = self.split_names[role]
-        raw, origin = load_split(split, self.data_files, self.dataset_id, self.dataset_config, seed=self.seed)
-        where = f"{origin} split {split!r}"
-        fields = self.prompt_format.fields if self.prompt_format is not None else (SOURCE,)
-        if fields == (SOURCE,):
-            src, tgt = resolve_columns(raw.column_names, self.task_spec, where, self.source_column, self.target_column)
-            columns = None
-        else:
-            source = self.source_column or self.task_spec.source_column
-            src, tgt = resolve_columns(raw.column_names, self.task_spec, where,
-                                       source if SOURCE in fields else fields[0], self.target_column)
-            columns = resolve_field_columns(raw.column_names, fields, where, src)
-        data = normalise_columns(raw, src, tgt, origin, split, columns)
-        tokenizer = self.tokenizer
+        data, where = self._examples(role)
+        tokenizer, lengths = self.tokenizer, self.lengths
         if self.task_spec.is_language_modeling:
-            data = tokenize_blocks(data, tokenizer, self.block_size)
+            data = tokenize_blocks(data, tokenizer, lengths.block_size)
             if len(data) == 0:
-                raise DataError(f"{origin}: split {split!r} produced no token blocks")
-            limit = self.max_train_samples if role == "train" else self.max_eval_samples
+                raise DataError(f"{where} produced no token blocks")
+            limit = self.splits.max_train_samples if role == "train" else self.splits.max_eval_samples
             return self._subsample(data, limit, random=role == "train")
         if role == "train":
-            data = self._subsample(data, self.max_train_samples, random=True)
-            return tokenize_pairs(
-                data, tokenizer, self.prompt_format, self.max_source_tokens, self.max_target_tokens, keep_text=False
-            )
+            data = self._subsample(data, self.splits.max_train_samples, random=True)
+            return tokenize_pairs(data, tokenizer, self.prompt_format, lengths.max_source_tokens,
+                                  lengths.max_target_tokens, keep_text=False)
         if self.task_spec.multi_reference:
             data = group_dataset_references(data)
-        data = self._subsample(data, self.max_eval_samples, random=False)
-        return tokenize_pairs(
-            data, tokenizer, self.prompt_format, self.max_source_tokens, self.max_target_tokens, keep_text=True
-        )
+        data = self._subsample(data, self.splits.max_eval_samples, random=False)
+        return tokenize_pairs(data, tokenizer, self.prompt_format, lengths.max_source_tokens,
+                              lengths.max_target_tokens, keep_text=True)
+
+    def _examples(self, role: Role) -> tuple[datasets.Dataset, str]:
+        """A split's examples (columns ``source`` and ``target``) and where they came from; without a validation
+        split, the validation examples are a seeded share of the training rows, and training keeps the rest."""
+        if role == "test" or not self.splits.val_share or has_split(
+                self.splits.val, self.data_files, self.dataset_id, self.dataset_config, self.seed):
+            data, where = self._read(self.splits.name(role))
+            return _without_rows(data), where
+        data, where = self._read(self.splits.train)
+        parts = hold_out(data, self.splits.val_share, self.seed)
+        if parts is None:
+            if role == "val":
+                raise KeyError(f"{where} has no split {self.splits.val!r} and too few rows to hold some out")
+            return _without_rows(data), where
+        kept, held, count, rows = parts
+        if role == "train":
+            return _without_rows(kept), where
+        rank_zero_info(f"{where}: no split {self.splits.val!r}, so {count} of its {rows} rows ({len(held)} examples) "
+                       f"are held out for validation (data.val_share={self.splits.val_share}, seed {self.seed})")
+        return _without_rows(held), f"{where}, held out"
+
+    def _read(self, split: str) -> tuple[datasets.Dataset, str]:
+        """A raw split read into canonical ``source``/``target`` columns (and ``row`` for the named formats), once."""
+        if split not in self._read_splits:
+            self._read_splits[split] = self._read_once(split)
+        return self._read_splits[split]
+
+    def _read_once(self, split: str) -> tuple[datasets.Dataset, str]:
+        raw, origin = load_split(split, self.data_files, self.dataset_id, self.dataset_config, seed=self.seed)
+        where = f"{origin} split {split!r}"
+        if self.task_spec.row_format is not None:
+            return read_examples(raw, self.task_spec.row_format, where), where
+        source_column, target_column = self.columns
+        fields = self.prompt_format.fields if self.prompt_format is not None else (SOURCE,)
+        if fields == (SOURCE,):
+            src, tgt = resolve_columns(raw.column_names, self.task_spec, where, source_column, target_column)
+            columns = None
+        else:
+            source = source_column or self.task_spec.source_column
+            src, tgt = resolve_columns(raw.column_names, self.task_spec, where,
+                                       source if SOURCE in fields else fields[0], target_column)
+            columns = resolve_field_columns(raw.column_names, fields, where, src)
+        data = normalise_columns(raw, src, tgt, origin, split, columns)
+        if self.task_spec.is_language_modeling:
+            rank_zero_info(f"{where}: text format, {len(data)} rows")
+        return data, where
 
     def _subsample(self, data: datasets.Dataset, limit: int | None, random: bool) -> datasets.Dataset:
         if limit is None or limit >= len(data):
@@ -408,6 +428,9 @@ class SkipDataModule(L.LightningDataModule):
         return data.select(range(limit))
 
 
-__all__ = [
-    "prompt_format_of",
-    "stored_prompt_format","EpochShuffleSampler", "SkipDataModule"]
+def _without_rows(data: datasets.Dataset) -> datasets.Dataset:
+    """``data`` without the row numbers of the named formats."""
+    return data.remove_columns(ROW) if ROW in data.column_names else data
+
+
+__all__ = ["EpochShuffleSampler", "SkipDataModule", "prompt_format_of", "stored_prompt_format"]

@@ -129,3 +129,40 @@ def load_split(
     if len(dataset) == 0:
         raise DataError(f"{origin}: split {split!r} is empty")
     return dataset, origin
+
+
+def has_split(split: str, data_files: Mapping[str, str | Sequence[str]] | None, dataset_id: str | None,
+              dataset_config: str | None, seed: int = 0) -> bool:
+    """Whether the data has a split of this name (for a dataset id, as the hub or the local cache lists them)."""
+    if data_files is not None:
+        return split in data_files
+    if dataset_id is None:
+        return split in _builtin_dataset(seed)
+    try:
+        return split in datasets.get_dataset_split_names(dataset_id, dataset_config)
+    except Exception:  # noqa: BLE001 - unknown: loading the split will say why
+        return True
+
+
+def first_row(split: str, data_files: Mapping[str, str | Sequence[str]] | None, dataset_id: str | None,
+              dataset_config: str | None) -> tuple[dict[str, Any], str]:
+    """The columns and first row of a split (``split``, else the first of ``data_files``), read without loading it
+    all: ``(row, origin)``.
+
+    Raises:
+        DataError: as :func:`load_split`, or for a split without rows.
+    """
+    if data_files is not None and split not in data_files and data_files:
+        split = next(iter(data_files))
+    if data_files is None:
+        origin = f"dataset {dataset_id!r}"
+        try:
+            stream = datasets.load_dataset(dataset_id, dataset_config, split=split, streaming=True)
+            return next(iter(stream)), origin
+        except StopIteration as err:
+            raise DataError(f"{origin}: split {split!r} is empty") from err
+        except Exception as err:  # noqa: BLE001 - offline, unknown id, no such split: said in one line
+            raise DataError(f"{origin}: cannot read the first row of split {split!r} to find its format "
+                            f"({type(err).__name__}: {err}); check the id, or name data.task") from err
+    dataset, origin = load_split(split, data_files, None, None)
+    return dataset[0], origin

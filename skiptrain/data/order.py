@@ -4,6 +4,13 @@ Each epoch draws one permutation seeded by ``seed + epoch`` (:class:`EpochShuffl
 only on the epoch number. A checkpoint records how far training got (:class:`TrainingPosition`, kept in the data
 module's state), and a run resumed from it starts that epoch's permutation where the stopped run left it
 (:class:`ResumingLoader`): every batch of the epoch is trained once, whether or not the run was stopped in between.
+
+Why not torchdata's ``StatefulDataLoader``, whose state Lightning saves and restores: with it, the preempted fit of
+``tests/test_faults.py`` resumes on another batch than the uninterrupted run (Lightning 2.6, torchdata 0.11). The
+module asks for ``trainer.estimated_stepping_batches`` (the learning-rate schedule), which builds the training loader
+before Lightning loads the loader's state, so the state is never loaded and the epoch starts again (Lightning issue
+#20550). Without that call the loader skips the trained batches, but of the wrong order: its iterator is made
+before Lightning sets the sampler's epoch, so it replays the first epoch's permutation.
 """
 
 from __future__ import annotations

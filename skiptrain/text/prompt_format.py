@@ -14,8 +14,13 @@ The rules:
   trailing special token the tokenizer appends (e.g. EOS) is removed. With ``chat_template`` the filled template is
   the user message (after ``system_message``, if any) of the tokenizer's own ``apply_chat_template`` with the
   generation prompt added; that text holds its special tokens, so it is tokenised without adding any.
-- With ``max_source_tokens`` a prompt longer than that many tokens has its last field trimmed, at a token
-  boundary, until it fits; the template is never cut.
+- A source that is a chat, ``{"messages": [{"role": ..., "content": ...}, ...]}`` (or its JSON text) with roles
+  system/user/assistant and the user's turn last, is rendered whole by the chat template with the generation prompt
+  (``chat_template`` and the ``{source}`` template only): its last turn is the field, the turns before it the history.
+  ``system_message`` is put first unless the chat opens with its own system turn.
+- With ``max_source_tokens`` a prompt longer than that many tokens first loses its oldest history turns (a leading
+  system turn is kept), then has its last field trimmed, at a token boundary, until it fits; the template is never
+  cut.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any
 FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SOURCE_FIELD = "source"
 RAW_TEMPLATE = "{source}"
+MESSAGES = "messages"
+ROLES = ("system", "user", "assistant")
 
 
 class PromptFormatError(ValueError):
@@ -38,7 +45,35 @@ class PromptFormatError(ValueError):
 
 
 Source = str | Mapping[str, Any]
-"""What fills a template: a bare string for a one-field template, or an object of field values (or its JSON text)."""
+"""What fills a template: a bare string for a one-field template, or an object of field values (or its JSON text), or
+a chat ``{"messages": [...]}``."""
+
+Turn = dict[str, str]
+"""One chat turn: ``{"role": ..., "content": ...}``."""
+
+
+def chat_turns(source: Any) -> list[Turn] | None:
+    """The turns of a chat source, ``{"messages": [...]}`` or its JSON text; ``None`` for any other source.
+
+    Raises:
+        PromptFormatError: naming the turn of a chat that is not a list of ``{role, content}`` turns with roles
+            system/user/assistant.
+    """
+    if isinstance(source, str) and source.startswith("{") and f'"{MESSAGES}"' in source:
+        try:
+            source = json.loads(source)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(source, Mapping) or MESSAGES not in source:
+        return None
+    turns = source[MESSAGES]
+    if not isinstance(turns, list) or not turns:
+        raise PromptFormatError(f"messages={turns!r} is invalid: allowed a non-empty list of {{role, content}} turns")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, Mapping) or turn.get("role") not in ROLES or not isinstance(turn.get("content"), str):
+            raise PromptFormatError(f"messages[{i}]={turn!r} is invalid: allowed {{'role': one of {list(ROLES)}, "
+                                    "'content': text}")
+    return [{"role": turn["role"], "content": turn["content"]} for turn in turns]
 
 
 @dataclass(frozen=True)
@@ -81,6 +116,25 @@ class PromptFormat:
         """Whether prompts are used as given (the ``{source}`` template, no chat template, no limit)."""
         return self == PromptFormat()
 
+    def prompt_of(self, source: Source) -> tuple[list[Turn], dict[str, str]]:
+        """The chat history and the field values of one source (the history is empty unless it is a chat).
+
+        Raises:
+            PromptFormatError: for a chat given to a format without the chat template or with a template of its
+                own, or one whose last turn is not the user's; otherwise as :meth:`values`.
+        """
+        turns = chat_turns(source)
+        if turns is None:
+            return [], self.values(source)
+        if not self.chat_template or self.template != RAW_TEMPLATE:
+            raise PromptFormatError(f"a {{'messages': [...]}} prompt needs chat_template=true and the template "
+                                    f"{RAW_TEMPLATE!r}; this format has chat_template={self.chat_template}, template "
+                                    f"{self.template!r}: give a bare source instead")
+        if turns[-1]["role"] != "user":
+            raise PromptFormatError(f"messages[-1] has role {turns[-1]['role']!r}: allowed a chat whose last turn is "
+                                    "the user's (the reply is generated)")
+        return turns[:-1], {SOURCE_FIELD: turns[-1]["content"]}
+
     def values(self, source: Source) -> dict[str, str]:
         """The field values of one source: a bare string fills a one-field template; an object (or its JSON text)
         names every field.
@@ -109,17 +163,21 @@ class PromptFormat:
         return FIELD.sub(lambda match: values[match[1]], self.template)
 
     # -- text and ids ---------------------------------------------------------------------------------------------
-    def render(self, tokenizer: Any, values: Mapping[str, str]) -> str:
-        """The prompt text: the filled template, wrapped by the chat template when ``chat_template``."""
+    def render(self, tokenizer: Any, values: Mapping[str, str], history: Sequence[Turn] = ()) -> str:
+        """The prompt text: the filled template, wrapped by the chat template (after ``history``) when
+        ``chat_template``."""
         text = self.fill(values)
         if not self.chat_template:
             return text
         if not getattr(tokenizer, "chat_template", None):
             raise PromptFormatError(f"chat_template=true needs a tokenizer with a chat template: "
-                                    f"{getattr(tokenizer, 'name_or_path', 'this tokenizer')!r} has none; set "
-                                    "chat_template=false and write the turns into prompt_template")
-        system = [{"role": "system", "content": self.system_message}] if self.system_message is not None else []
-        return tokenizer.apply_chat_template([*system, {"role": "user", "content": text}], tokenize=False,
+                                    f"{getattr(tokenizer, 'name_or_path', 'this tokenizer')!r} has none; use a chat "
+                                    "(instruct) model's tokenizer, or, for data that is not a chat, set "
+                                    "chat_template=false")
+        own_system = bool(history) and history[0]["role"] == "system"
+        system = [{"role": "system", "content": self.system_message}] \
+            if self.system_message is not None and not own_system else []
+        return tokenizer.apply_chat_template([*system, *history, {"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
 
     def tokenize(self, tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
@@ -130,43 +188,52 @@ class PromptFormat:
         return [list(ids[: len(ids) - n_suffix]) for ids in tokenizer(list(texts))["input_ids"]]
 
     def encode(self, tokenizer: Any, sources: Sequence[Source]) -> tuple[list[str], list[list[int]]]:
-        """Prompt texts and ids of ``sources``, the last field trimmed to fit ``max_source_tokens``.
+        """Prompt texts and ids of ``sources``, fitted to ``max_source_tokens`` (oldest chat turns dropped, then the
+        last field trimmed).
 
         Raises:
             PromptFormatError: for a source that does not fill the template, or a template that alone takes
                 ``max_source_tokens`` or more.
         """
-        values = [self.values(source) for source in sources]
-        texts = [self.render(tokenizer, v) for v in values]
+        prompts = [self.prompt_of(source) for source in sources]
+        texts = [self.render(tokenizer, values, history) for history, values in prompts]
         ids = self.tokenize(tokenizer, texts)
         if self.max_source_tokens is None:
             return texts, ids
         trimmed = self.fields[-1]
-        overhead = len(self.tokenize(tokenizer, [self.render(tokenizer, {**values[0], trimmed: ""})])[0]) \
-            if values else 0
+        overhead = len(self.tokenize(tokenizer, [self.render(tokenizer, {**prompts[0][1], trimmed: ""})])[0]) \
+            if prompts else 0
         if overhead >= self.max_source_tokens:
             raise PromptFormatError(f"max_source_tokens={self.max_source_tokens} leaves no room for the source: the "
                                     f"prompt template alone takes {overhead} tokens ({self.template!r})")
         for i, row in enumerate(ids):
             if len(row) > self.max_source_tokens:
-                texts[i], ids[i] = self._trimmed(tokenizer, values[i], trimmed)
+                texts[i], ids[i] = self._trimmed(tokenizer, *prompts[i])
         return texts, ids
 
-    def _trimmed(self, tokenizer: Any, values: dict[str, str], field: str) -> tuple[str, list[int]]:
-        """Prompt (text, ids) with ``values[field]`` cut at a token boundary so it fits ``max_source_tokens``."""
+    def _overhead(self, tokenizer: Any, values: dict[str, str], history: Sequence[Turn]) -> int:
+        """Prompt tokens besides the last field's."""
+        return len(self.tokenize(tokenizer, [self.render(tokenizer, {**values, self.fields[-1]: ""}, history)])[0])
+
+    def _trimmed(self, tokenizer: Any, history: list[Turn], values: dict[str, str]) -> tuple[str, list[int]]:
+        """Prompt (text, ids) fitted to ``max_source_tokens``: the oldest history turns (but a leading system turn)
+        dropped while the rest leaves no room, then the last field cut at a token boundary."""
+        keep = 1 if history and history[0]["role"] == "system" else 0
+        while len(history) > keep and self._overhead(tokenizer, values, history) >= self.max_source_tokens:
+            history = history[:keep] + history[keep + 1:]
+        field = self.fields[-1]
         source = values[field]
         encoded = tokenizer(source, add_special_tokens=False, return_offsets_mapping=bool(tokenizer.is_fast))
         source_ids, offsets = encoded["input_ids"], encoded.get("offset_mapping")
-        overhead = len(self.tokenize(tokenizer, [self.render(tokenizer, {**values, field: ""})])[0])
-        budget = min(len(source_ids), self.max_source_tokens - overhead)
+        budget = min(len(source_ids), self.max_source_tokens - self._overhead(tokenizer, values, history))
         while budget > 0:
             cut = source[: offsets[budget - 1][1]] if offsets else tokenizer.decode(source_ids[:budget])
-            text = self.render(tokenizer, {**values, field: cut.rstrip()})
+            text = self.render(tokenizer, {**values, field: cut.rstrip()}, history)
             ids = self.tokenize(tokenizer, [text])[0]
             if len(ids) <= self.max_source_tokens:
                 return text, ids
             budget -= max(1, len(ids) - self.max_source_tokens)
-        text = self.render(tokenizer, {**values, field: ""})
+        text = self.render(tokenizer, {**values, field: ""}, history)
         return text, self.tokenize(tokenizer, [text])[0]
 
     # -- the record -----------------------------------------------------------------------------------------------
@@ -211,4 +278,5 @@ def special_token_counts(tokenizer: Any) -> tuple[int, int]:
     return 0, 0
 
 
-__all__ = ["RAW_TEMPLATE", "SOURCE_FIELD", "PromptFormat", "PromptFormatError", "Source", "special_token_counts"]
+__all__ = ["MESSAGES", "RAW_TEMPLATE", "ROLES", "SOURCE_FIELD", "PromptFormat", "PromptFormatError", "Source", "Turn",
+           "chat_turns", "special_token_counts"]

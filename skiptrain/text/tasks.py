@@ -40,6 +40,9 @@ class TaskSpec:
         multi_reference: Evaluation splits are grouped by source, collecting all references (E2E style).
         column_aliases: Alternative ``(source, target)`` column pairs tried when the defaults are absent and the
             user did not name columns (e.g. the official E2E CSVs use ``mr``/``ref``).
+        row_format: For the tasks named after a shape of data (``messages``, ``sharegpt``, ``alpaca``,
+            ``prompt_completion``): that shape, read by :mod:`skiptrain.data.formats`; ``None`` for the column tasks.
+        chat: Prompts are made with the tokenizer's chat template unless ``chat_template`` says otherwise.
     """
 
     name: str
@@ -54,6 +57,8 @@ class TaskSpec:
     test_split: str = "test"
     multi_reference: bool = False
     column_aliases: tuple[tuple[str, str], ...] = ()
+    row_format: str | None = None
+    chat: bool = False
 
     @property
     def is_language_modeling(self) -> bool:
@@ -125,6 +130,26 @@ TASKS: dict[str, TaskSpec] = {
     ),
 }
 
+# The shapes of data the ecosystem uses (OpenAI/TRL messages, ShareGPT, Alpaca, TRL prompt/completion), each a task
+# over local files or a dataset id; a conversation is rendered whole by the chat template (template ``{source}``).
+CHAT_FORMATS = ("messages", "sharegpt")
+
+
+def _format_task(name: str, source: str, target: str, chat: bool = True) -> TaskSpec:
+    return TaskSpec(name=name, dataset_id=None, dataset_config=None, source_column=source, target_column=target,
+                    prompt_template=SOURCE_PLACEHOLDER, metric=None, row_format=name, chat=chat)
+
+
+TASKS.update({spec.name: spec for spec in (
+    _format_task("messages", "messages", "messages"),
+    _format_task("sharegpt", "conversations", "conversations"),
+    _format_task("alpaca", "instruction", "output"),
+    _format_task("prompt_completion", "prompt", "completion", chat=False),  # chat when its prompts are messages
+)})
+
+AUTO = "auto"
+"""The task that detects its format from the columns of the data (:func:`~skiptrain.data.formats.detect_format`)."""
+
 
 def get_task_spec(task: str) -> TaskSpec:
     """Look up a task.
@@ -139,7 +164,7 @@ def get_task_spec(task: str) -> TaskSpec:
         ValueError: If ``task`` is unknown (the message names the field, the value and the allowed values).
     """
     if task not in TASKS:
-        raise UsageError(f"task={task!r} is not supported; allowed values: {sorted(TASKS)}")
+        raise UsageError(f"task={task!r} is not supported; allowed values: {[AUTO, *sorted(TASKS)]}")
     return TASKS[task]
 
 
@@ -169,7 +194,9 @@ def fill_template(template: str, source: str) -> str:
 
 
 __all__ = [
+    "AUTO",
     "BUILTIN_TEMPLATE",
+    "CHAT_FORMATS",
     "E2E_TEMPLATE",
     "SOURCE_PLACEHOLDER",
     "SUMMARY_TEMPLATE",
