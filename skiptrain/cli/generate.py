@@ -19,16 +19,17 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from skiptrain.core.schedules import read_schedule_file
-from skiptrain.errors import InputError
+from skiptrain.errors import InputError, UsageError
 from skiptrain.export.format import is_export, read_record
 from skiptrain.export.load import load_exported
+from skiptrain.export.verify import export_config
 from skiptrain.frontends.decode import Placement
 from skiptrain.frontends.inference import prepare_prompts, run_request
 from skiptrain.frontends.prompts import STDIO, LongPrompts, chosen_prompt_format
 from skiptrain.frontends.request import DEFAULT_MAX_NEW_TOKENS, GenerationRequest
 from skiptrain.frontends.speculative import check_full_attention
 from skiptrain.modeling.generation import SamplingConfig
-from skiptrain.modeling.loading import context_length, load_config, load_tokenizer
+from skiptrain.modeling.loading import context_length, load_tokenizer
 from skiptrain.modeling.precision import compute_dtype
 from skiptrain.training.precision import resolve_precision
 
@@ -174,12 +175,20 @@ def request_from(config: Any) -> GenerationRequest:
     )
 
 
+ACCELERATORS = ["auto", "cpu", "gpu", "cuda"]
+PRECISIONS = ["auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "32", "bf16", "16", "64"]
+
+
 def placement_for(accelerator: str, precision: str | None) -> tuple[Placement, Any]:
     """Where the export runs and the dtype its weights load in, from the trainer options generate shares with
     Lightning: ``*-true`` loads the weights in their dtype, ``*-mixed`` autocasts fp32 weights."""
     import torch
 
     name = accelerator.lower()
+    if name not in ACCELERATORS:
+        raise UsageError(f"trainer.accelerator={accelerator!r} is invalid for generate: allowed one of {ACCELERATORS}")
+    if precision is not None and str(precision) not in PRECISIONS:
+        raise UsageError(f"trainer.precision={precision!r} is invalid for generate: allowed one of {PRECISIONS}")
     device = "cuda" if name in ("gpu", "cuda") or name == "auto" and torch.cuda.is_available() else "cpu"
     resolved = "32-true" if precision is None else str(resolve_precision(precision, name))
     dtype = compute_dtype(resolved)
@@ -196,16 +205,15 @@ def main(args: Sequence[str]) -> Any:
     config = p.parse_args(_known_options(args, known))
     config = p.instantiate_classes(config)
     request = request_from(config)
+    placement, dtype = placement_for(config.trainer.accelerator, config.trainer.precision)
     export = config.model.model
-    model_config = load_config(export)  # a missing or broken export is refused here, by name
+    model_config = export_config(export)  # a missing or broken export is refused here, by name, before its weights
     check_full_attention(request.speculative, model_config)
     draft = request.draft_schedule and read_schedule_file(request.draft_schedule, model_config.num_hidden_layers,
                                                           "draft_schedule")
-    record = read_record(export)
-    prompt_format = chosen_prompt_format(record.prompt_format, request.raw_prompts)
+    prompt_format = chosen_prompt_format(read_record(export).prompt_format, request.raw_prompts)
     tokenizer = load_tokenizer(export)
     prompts, prompt_format = prepare_prompts(request, tokenizer, context_length(model_config), prompt_format)
-    placement, dtype = placement_for(config.trainer.accelerator, config.trainer.precision)
     model, schedule, tokenizer = load_exported(export, config.model.attn_implementation, dtype)
     model.to(placement.device)
     return run_request(model, tokenizer, draft or schedule, request, prompts, placement, prompt_format)
