@@ -105,7 +105,7 @@ class SkipCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> SkipTrainer:
         """As LightningCLI's, with Lightning's default rich progress bar replaced by :class:`ProgressBar`, its model
         summary table by :class:`~skiptrain.cli.run_summary.RunSummary`, and a
-        :class:`~skiptrain.preemption.PreemptionCheckpoint` added."""
+        :class:`~skiptrain.training.preemption.PreemptionCheckpoint` added."""
         trainer = super().instantiate_trainer(**kwargs)
         replaced = {RichProgressBar: ProgressBar, ModelSummary: RunSummary, RichModelSummary: RunSummary}
         trainer.callbacks = [replaced[type(c)]() if type(c) in replaced else c for c in trainer.callbacks]
@@ -116,11 +116,12 @@ class SkipCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """As LightningCLI's (a checkpoint's hyper-parameters configure the model), with three differences.
 
-        ``last`` is resolved to the newest ``last.ckpt`` of the run (:func:`~skiptrain.checkpoints.resolve_ckpt_path`).
+        ``last`` is resolved to the newest ``last.ckpt`` of the run
+        (:func:`~skiptrain.training.checkpoints.resolve_ckpt_path`).
 
-        An unreadable checkpoint is refused by name (:class:`~skiptrain.checkpoints.CheckpointError`), and the model
-        named by ``model.model`` (on the command line or in a config) is the one used, not the checkpoint's: a base
-        model moved since training still loads, and an export given with a checkpoint is refused when loaded.
+        An unreadable checkpoint is refused by name (:class:`~skiptrain.training.checkpoints.CheckpointError`), and
+        the model named by ``model.model`` (on the command line or in a config) is the one used, not the checkpoint's:
+        a base model moved since training still loads, and an export given with a checkpoint is refused when loaded.
         """
         subcommand = self.config.get("subcommand")
         settings = self.config.get(subcommand) if subcommand else None

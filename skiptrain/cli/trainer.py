@@ -1,13 +1,13 @@
 """The Lightning ``Trainer`` with skiptrain's own subcommands: ``export``, ``generate``, ``evaluate``, ``calibrate``
 and ``conformance``.
 
-LightningCLI turns every Trainer method named in :meth:`skiptrain.cli.SkipCLI.subcommands` into a subcommand whose
-typed arguments become options, so ``python -m skiptrain export --ckpt_path x.ckpt --output_dir out/`` calls
-:meth:`SkipTrainer.export` with the model (and data module) built from the config. Each method adapts the
-trainer's device and precision to a library function: :func:`~skiptrain.runs.export_checkpoint`,
-:func:`~skiptrain.frontends.inference.run_request`, :func:`~skiptrain.evaluation.evaluate_against_dense`,
-:func:`~skiptrain.calibrate.calibrate`, :func:`~skiptrain.conformance.write_vectors` and
-:func:`~skiptrain.conformance.check_outputs`.
+LightningCLI turns every Trainer method named in :meth:`skiptrain.cli.lightning_cli.SkipCLI.subcommands` into a
+subcommand whose typed arguments become options, so ``python -m skiptrain export --ckpt_path x.ckpt --output_dir
+out/`` calls :meth:`SkipTrainer.export` with the model (and data module) built from the config. Each method adapts the
+trainer's device and precision to a library function: :func:`~skiptrain.training.runs.export_checkpoint`,
+:func:`~skiptrain.frontends.inference.run_request`, :func:`~skiptrain.training.evaluation.evaluate_against_dense`,
+:func:`~skiptrain.training.calibrate.calibrate`, :func:`~skiptrain.frontends.conformance.write_vectors` and
+:func:`~skiptrain.frontends.conformance.check_outputs`.
 
 The model is given as usual by ``--model.model`` (or a recipe / a run's ``config.yaml``) and can be:
 
