@@ -29,7 +29,7 @@ from torchmetrics.text import ROUGEScore, SacreBLEUScore
 
 from benchmarks.common import load_model, study_config, test_prompts
 from skiptrain.core.output_dir import write_whole
-from skiptrain.frontends.decode import complete
+from skiptrain.frontends.decode import Decoder, complete
 from skiptrain.frontends.request import GenerationRequest
 
 
@@ -53,7 +53,7 @@ def main() -> None:
     schedule = cli.model.schedule_family.build(model.config.num_hidden_layers)
     sources, prompts, references = test_prompts(cli)
     sampling = cli.model.generation.sampling
-    completions, stats = complete(model, cli.datamodule.tokenizer, schedule, prompts,
+    completions, stats = complete(Decoder(model, cli.datamodule.tokenizer), schedule, prompts,
                                   GenerationRequest(max_new_tokens=args.max_new_tokens, sampling=sampling))
     predictions = [c.completion for c in completions]
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from helpers.tiny_models import tiny_model
 from helpers.tiny_tokenizer import build_tiny_tokenizer
 
@@ -18,7 +19,7 @@ from skiptrain.core.schedules import Dense, ScheduleError, SkipDecode, SkipSched
 from skiptrain.core.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import PromptError, UsageError
-from skiptrain.frontends.decode import complete
+from skiptrain.frontends.decode import Decoder, complete
 from skiptrain.frontends.inference import generate_report
 from skiptrain.frontends.prompts import prompt_batches, read_prompts
 from skiptrain.frontends.request import GenerationRequest
@@ -90,12 +91,12 @@ def test_decode_stats_count_the_tokens_actually_generated():
     tokenizer = prepare_tokenizer(build_tiny_tokenizer())
     model = tiny_model("llama", num_layers=4, vocab_size=len(tokenizer))
     schedule = SkipDecode(min_layers=2, decay_tokens=4).build(4)
-    completions, stats = complete(model, tokenizer, schedule, PROMPTS, GenerationRequest(5, batch_size=2))
+    completions, stats = complete(Decoder(model, tokenizer), schedule, PROMPTS, GenerationRequest(5, batch_size=2))
     assert [c.prompt for c in completions] == PROMPTS
     assert stats.lengths == tuple(c.num_tokens for c in completions) and stats.num_tokens == sum(stats.lengths)
     assert stats.mean_layers_per_token == mean_executed_layers(schedule, stats.lengths)
     assert stats.ideal_speedup == ideal_speedup(schedule, stats.lengths)
-    report = generate_report(model, tokenizer, schedule, PROMPTS, GenerationRequest(5, 2, compare_dense=True))
+    report = generate_report(Decoder(model, tokenizer), schedule, PROMPTS, GenerationRequest(5, 2, compare_dense=True))
     assert f"(over {report.stats.num_tokens} generated tokens)" in report.summary()
 
 
@@ -104,7 +105,7 @@ def test_the_dense_comparison_times_equal_work_against_the_parameter_read_limit(
     model = tiny_model("llama", num_layers=4, vocab_size=len(tokenizer))
     model.config.eos_token_id = tokenizer.eos_token_id
     schedule = SkipDecode(min_layers=2, decay_tokens=4).build(4)
-    report = generate_report(model, tokenizer, schedule, PROMPTS, GenerationRequest(7, 2, compare_dense=True))
+    report = generate_report(Decoder(model, tokenizer), schedule, PROMPTS, GenerationRequest(7, 2, compare_dense=True))
     timed = report.comparison
     assert timed.skip.lengths == timed.dense.lengths == (7,) * len(PROMPTS)  # whatever the end-of-sequence tokens
     assert timed.dense.schedule == Dense().build(4) and timed.skip.schedule == schedule
@@ -223,3 +224,21 @@ def test_the_help_says_skiptrain_and_generate_shows_its_own_options():
                    "--speculative", "--draft_schedule", "--raw_prompts", "--config", "--trainer.precision"):
         assert option in shown, option
     assert "--trainer.max_epochs" not in shown and len(shown.splitlines()) < 120
+
+
+def test_a_run_config_gives_generate_its_options_and_nothing_else(skip_export, tmp_path):
+    """A run's config.yaml configures training too: generate takes the keys it knows (here the budget from
+    ``model.generation``) and leaves the others, while the command line still overrides it."""
+    export = skip_export("llama")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "seed_everything": 0, "trainer": {"accelerator": "cpu", "max_epochs": 3, "logger": False},
+        "model": {"model": str(export), "schedule": {"class_path": "skiptrain.SkipDecode"}, "lora": {"r": 4},
+                  "generation": {"max_new_tokens": 3, "num_batches": 0}},
+        "data": {"task": "builtin"}, "raw_prompts": True,
+    }))
+    (tmp_path / "p.txt").write_text("Monday\nThe council met\n")
+    args = ["generate", "--config", str(config), "--prompts", str(tmp_path / "p.txt"), "--compare_dense", "true",
+            "--output", str(tmp_path / "o.jsonl")]
+    assert main(args).comparison.skip.lengths == (3, 3)  # equal work: end-of-sequence ignored
+    assert main([*args, "--max_new_tokens", "2"]).comparison.skip.lengths == (2, 2)

@@ -9,12 +9,13 @@ only. A model that is not an export, or a ``--ckpt_path``, needs the training st
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
@@ -23,7 +24,7 @@ from skiptrain.errors import InputError, UsageError
 from skiptrain.export.format import is_export, read_record
 from skiptrain.export.load import load_exported
 from skiptrain.export.verify import export_config
-from skiptrain.frontends.decode import Placement
+from skiptrain.frontends.decode import Decoder
 from skiptrain.frontends.inference import prepare_prompts, run_request
 from skiptrain.frontends.prompts import STDIO, LongPrompts, chosen_prompt_format
 from skiptrain.frontends.request import DEFAULT_MAX_NEW_TOKENS, GenerationRequest
@@ -81,6 +82,10 @@ def parser() -> ArgumentParser:
 
 
 # -- which stack runs the command ------------------------------------------------------------------------------
+STACK_KEYS = {"model.model", "ckpt_path"}
+"""The options that decide whether LightningCLI must run the command (:func:`wants_training_stack`)."""
+
+
 def wants_training_stack(args: Sequence[str]) -> bool:
     """Whether a ``generate`` command needs LightningCLI: a ``--ckpt_path``, or a model that is not an export.
 
@@ -92,11 +97,14 @@ def wants_training_stack(args: Sequence[str]) -> bool:
     found: dict[str, Any] = {}
     for name, value in _named_values(args):
         if name == "--config":
-            found.update(_config_keys(value))
-        elif name in ("--model.model", "--ckpt_path"):
+            try:
+                found.update(_dotted(_keep(_yaml_file(value), STACK_KEYS)))
+            except InputError:
+                pass  # the parser refuses it, by name
+        elif name[2:] in STACK_KEYS:
             found[name[2:]] = value
     model = found.get("model.model")
-    return bool(found.get("ckpt_path")) or (model is not None and not is_export(model))
+    return bool(found.get("ckpt_path")) or (model is not None and not is_export(str(model)))
 
 
 def _named_values(args: Sequence[str]) -> list[tuple[str, str]]:
@@ -104,23 +112,11 @@ def _named_values(args: Sequence[str]) -> list[tuple[str, str]]:
     pairs = []
     for i, arg in enumerate(args):
         if arg.startswith("--") and "=" in arg:
-            pairs.append(tuple(arg.split("=", 1)))
+            name, value = arg.split("=", 1)
+            pairs.append((name, value))
         elif arg.startswith("--") and i + 1 < len(args):
             pairs.append((arg, args[i + 1]))
     return pairs
-
-
-def _config_keys(path: str) -> dict[str, Any]:
-    """``model.model`` and ``ckpt_path`` as a YAML config file names them (nothing for an unreadable file: the
-    parser refuses it)."""
-    try:
-        config = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    config = config if isinstance(config, Mapping) else {}
-    model = config.get("model")
-    return {key: value for key, value in (("model.model", model.get("model") if isinstance(model, Mapping) else None),
-                                          ("ckpt_path", config.get("ckpt_path"))) if value is not None}
 
 
 def _known_options(args: Sequence[str], known: set[str]) -> list[str]:
@@ -135,23 +131,25 @@ def _known_options(args: Sequence[str], known: set[str]) -> list[str]:
         if name == "--config":
             if not value:
                 value, skip = (args[i + 1] if i + 1 < len(args) else ""), True
-            kept += ["--config", _filtered_config(value, known)]
+            kept += ["--config", yaml.safe_dump(_keep(_yaml_file(value), known))]
         else:
             kept.append(arg)
     return kept
 
 
-def _filtered_config(path: str, known: set[str]) -> str:
+def _yaml_file(path: str) -> Mapping[str, Any]:
+    """The mapping a YAML config file holds (empty for another document)."""
     try:
         config = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError as err:
         raise InputError(f"config={path!r}: no such file") from err
     except (OSError, yaml.YAMLError) as err:
         raise InputError(f"config={path!r} cannot be read as YAML: {' '.join(str(err).split())}") from err
-    return yaml.safe_dump(_keep(config if isinstance(config, Mapping) else {}, known, ""))
+    return config if isinstance(config, Mapping) else {}
 
 
-def _keep(config: Mapping[str, Any], known: set[str], prefix: str) -> dict[str, Any]:
+def _keep(config: Mapping[str, Any], known: set[str], prefix: str = "") -> dict[str, Any]:
+    """The part of ``config`` whose dotted keys are in ``known`` (or lead to one)."""
     kept: dict[str, Any] = {}
     for key, value in config.items():
         name = prefix + str(key)
@@ -160,6 +158,14 @@ def _keep(config: Mapping[str, Any], known: set[str], prefix: str) -> dict[str, 
         elif isinstance(value, Mapping) and any(k.startswith(name + ".") for k in known):
             kept[key] = _keep(value, known, name + ".")
     return kept
+
+
+def _dotted(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``config`` flattened to dotted keys."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        flat.update(_dotted(value, f"{prefix}{key}.") if isinstance(value, Mapping) else {prefix + str(key): value})
+    return flat
 
 
 # -- the command -----------------------------------------------------------------------------------------------------
@@ -179,11 +185,10 @@ ACCELERATORS = ["auto", "cpu", "gpu", "cuda"]
 PRECISIONS = ["auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true", "32", "bf16", "16", "64"]
 
 
-def placement_for(accelerator: str, precision: str | None) -> tuple[Placement, Any]:
-    """Where the export runs and the dtype its weights load in, from the trainer options generate shares with
-    Lightning: ``*-true`` loads the weights in their dtype, ``*-mixed`` autocasts fp32 weights."""
-    import torch
-
+def placement_for(accelerator: str, precision: str | None) -> tuple[str, Callable[[], Any], Any]:
+    """Where the export runs (``cuda`` or ``cpu``), the context it decodes in and the dtype its weights load in,
+    from the trainer options generate shares with Lightning: ``*-true`` loads the weights in their dtype,
+    ``*-mixed`` autocasts fp32 weights."""
     name = accelerator.lower()
     if name not in ACCELERATORS:
         raise UsageError(f"trainer.accelerator={accelerator!r} is invalid for generate: allowed one of {ACCELERATORS}")
@@ -193,19 +198,19 @@ def placement_for(accelerator: str, precision: str | None) -> tuple[Placement, A
     resolved = "32-true" if precision is None else str(resolve_precision(precision, name))
     dtype = compute_dtype(resolved)
     if "mixed" in resolved or resolved in ("16", "bf16"):
-        return Placement(device, partial(torch.autocast, device, dtype=dtype)), torch.float32
-    return Placement(device, nullcontext), dtype
+        return device, partial(torch.autocast, device, dtype=dtype), torch.float32
+    return device, nullcontext, dtype
 
 
 def main(args: Sequence[str]) -> Any:
     """Run ``skiptrain generate`` on an export: every option checked, the prompts read and fitted, before any
     weights load."""
     p = parser()
-    known = {action.dest for action in p._actions if action.dest not in ("help", "config")}
+    known = set(p.get_defaults().keys()) - {"config"}
     config = p.parse_args(_known_options(args, known))
     config = p.instantiate_classes(config)
     request = request_from(config)
-    placement, dtype = placement_for(config.trainer.accelerator, config.trainer.precision)
+    device, context, dtype = placement_for(config.trainer.accelerator, config.trainer.precision)
     export = config.model.model
     model_config = export_config(export)  # a missing or broken export is refused here, by name, before its weights
     check_full_attention(request.speculative, model_config)
@@ -215,5 +220,5 @@ def main(args: Sequence[str]) -> Any:
     tokenizer = load_tokenizer(export)
     prompts, prompt_format = prepare_prompts(request, tokenizer, context_length(model_config), prompt_format)
     model, schedule, tokenizer = load_exported(export, config.model.attn_implementation, dtype)
-    model.to(placement.device)
-    return run_request(model, tokenizer, draft or schedule, request, prompts, placement, prompt_format)
+    decoder = Decoder(model.to(device), tokenizer, prompt_format, device, context)
+    return run_request(decoder, draft or schedule, request, prompts)

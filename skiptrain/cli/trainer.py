@@ -44,7 +44,7 @@ from skiptrain.frontends.conformance import (
     read_vectors,
     write_vectors,
 )
-from skiptrain.frontends.decode import Placement
+from skiptrain.frontends.decode import Decoder
 from skiptrain.frontends.inference import prepare_prompts, run_request
 from skiptrain.frontends.prompts import STDIO, LongPrompts, check_batch_size, chosen_prompt_format, read_prompts
 from skiptrain.frontends.request import GenerationRequest
@@ -175,9 +175,9 @@ class SkipTrainer(L.Trainer):
         prompt_list, prompt_format = prepare_prompts(request, model.get_tokenizer(), context_length(config),
                                                      _prompt_format(model, ckpt_path, weights_only, raw_prompts))
         self._load(model, ckpt_path, weights_only)
-        placement = Placement(self._place_for_inference(model), self.precision_plugin.forward_context)
-        return run_request(model.model, model.get_tokenizer(), draft or model.schedule, request, prompt_list,
-                           placement, prompt_format)
+        decoder = Decoder(model.model, model.get_tokenizer(), prompt_format, self._place_for_inference(model),
+                          self.precision_plugin.forward_context)
+        return run_request(decoder, draft or model.schedule, request, prompt_list)
 
     def evaluate(
         self,

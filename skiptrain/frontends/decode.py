@@ -3,7 +3,7 @@ skip-aware front-end, and what it cost.
 
 Each batch (:func:`~skiptrain.frontends.prompts.prompt_batches`) is decoded by
 :func:`~skiptrain.modeling.generation.generate`, or with ``speculative`` by
-:func:`~skiptrain.frontends.speculative.speculative_generate`, inside a fresh ``placement.context()`` (e.g. the
+:func:`~skiptrain.frontends.speculative.speculative_generate`, inside a fresh ``decoder.context()`` (e.g. the
 precision's autocast). The cost is :class:`DecodeStats`: wall time, and the mean executed decoder layers and ideal
 speedup over the tokens actually generated (:mod:`skiptrain.core.speedup`).
 """
@@ -11,7 +11,7 @@ speedup over the tokens actually generated (:mod:`skiptrain.core.speedup`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -32,20 +32,26 @@ from skiptrain.text.prompt_format import PromptFormat, Source
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Where the model runs: its ``device``, and the ``context`` each decoding call runs in (e.g. an autocast)."""
+class Decoder:
+    """A loaded causal LM ready to decode prompts: its tokenizer, the prompt format that makes prompt ids from the
+    given prompts, its ``device``, and the ``context`` each decoding call runs in (e.g. the precision's autocast)."""
 
+    model: nn.Module
+    tokenizer: Any
+    prompt_format: PromptFormat = RAW
     device: torch.device | str = "cpu"
     context: Callable[[], AbstractContextManager] = nullcontext
+
+    def batches(self, prompts: Sequence[Source], batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(input_ids, attention_mask)`` of each batch of ``prompts``, left-padded, on the device
+        (:func:`~skiptrain.frontends.prompts.prompt_batches`)."""
+        for batch in prompt_batches(self.tokenizer, prompts, batch_size, self.prompt_format):
+            yield batch["prompt_input_ids"].to(self.device), batch["prompt_attention_mask"].to(self.device)
 
     def synchronize(self) -> None:
         """Wait for the device's queued work (CUDA), so that wall time counts it."""
         if torch.device(self.device).type == "cuda":
             torch.cuda.synchronize(self.device)
-
-
-ON_CPU = Placement()
-"""The default placement: the CPU, no autocast."""
 
 
 @dataclass(frozen=True)
@@ -87,43 +93,39 @@ class DecodeStats:
 
 
 def complete(
-    model: nn.Module,
-    tokenizer: Any,
+    decoder: Decoder,
     schedule: SkipSchedule,
     prompts: Sequence[Source],
     request: GenerationRequest,
     *,
-    placement: Placement = ON_CPU,
-    prompt_format: PromptFormat = RAW,
     stop_at_eos: bool = True,
     streamer: BaseStreamer | None = None,
 ) -> tuple[list[Completion], DecodeStats]:
     """Complete ``prompts`` under ``schedule`` as ``request`` asks: its ``max_new_tokens``, ``batch_size``,
     ``sampling``, ``speculative`` draft length and ``stop`` strings.
 
-    Prompts are made by ``prompt_format``. With ``stop_at_eos=False`` every prompt gets ``max_new_tokens`` tokens
-    (equal work, for timing); a ``streamer`` receives the tokens of a one-prompt batch as they are generated.
+    With ``stop_at_eos=False`` every prompt gets ``max_new_tokens`` tokens (equal work, for timing); a ``streamer``
+    receives the tokens of a one-prompt batch as they are generated.
 
     Returns:
         The completions in prompt order, and the decoding cost (wall time of the decoding calls only).
     """
+    tokenizer = decoder.tokenizer
     completions: list[Completion] = []
     seconds, speculation, step_seconds = 0.0, SpeculationStats(), StepSeconds()
     eos = tokenizer.eos_token_id if stop_at_eos else None
     stopping = StoppingCriteriaList([StopStringCriteria(tokenizer, list(request.stop))]) if request.stop else None
-    for batch in prompt_batches(tokenizer, prompts, request.batch_size, prompt_format):
-        ids = batch["prompt_input_ids"].to(placement.device)
-        mask = batch["prompt_attention_mask"].to(placement.device)
+    for ids, mask in decoder.batches(prompts, request.batch_size):
         started = time.perf_counter()
-        with placement.context():
+        with decoder.context():
             if request.speculative:
-                out = speculative_generate(model, ids, mask, schedule, request.max_new_tokens, request.speculative,
-                                           request.sampling, eos, tokenizer.pad_token_id)
+                out = speculative_generate(decoder.model, ids, mask, schedule, request.max_new_tokens,
+                                           request.speculative, request.sampling, eos, tokenizer.pad_token_id)
                 speculation, step_seconds = speculation.add(out.stats), step_seconds.add(out.seconds)
             else:
-                out = generate(model, ids, mask, schedule, request.max_new_tokens, request.sampling, eos,
+                out = generate(decoder.model, ids, mask, schedule, request.max_new_tokens, request.sampling, eos,
                                tokenizer.pad_token_id, streamer=streamer, stopping_criteria=stopping)
-        placement.synchronize()
+        decoder.synchronize()
         seconds += time.perf_counter() - started
         rows = zip(out.tokens.tolist(), out.lengths.tolist(), out.texts(tokenizer), strict=True)
         for row, n, text in rows:
@@ -133,4 +135,4 @@ def complete(
     return completions, stats
 
 
-__all__ = ["ON_CPU", "DecodeStats", "Placement", "complete"]
+__all__ = ["DecodeStats", "Decoder", "complete"]

@@ -12,12 +12,11 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from torch import nn
 from transformers import TextStreamer
 
 from skiptrain.core import log
 from skiptrain.core.schedules import Dense, SkipSchedule
-from skiptrain.frontends.decode import ON_CPU, Placement, complete
+from skiptrain.frontends.decode import Decoder, complete
 from skiptrain.frontends.prompts import RAW, STDIO, fit_prompts, read_prompts, write_completions
 from skiptrain.frontends.request import GenerationRequest
 from skiptrain.frontends.speed import GenerationReport, SpeculationReport, compare_speed, dense_step_seconds
@@ -27,13 +26,7 @@ WARM_UP_TOKENS = 2
 
 
 def generate_report(
-    model: nn.Module,
-    tokenizer: Any,
-    schedule: SkipSchedule,
-    prompts: Sequence[Source],
-    request: GenerationRequest,
-    placement: Placement = ON_CPU,
-    prompt_format: PromptFormat = RAW,
+    decoder: Decoder, schedule: SkipSchedule, prompts: Sequence[Source], request: GenerationRequest,
     streamer: TextStreamer | None = None,
 ) -> GenerationReport:
     """Complete ``prompts`` under ``schedule`` (every layer with ``request.dense``) after a short warm-up decode.
@@ -45,19 +38,16 @@ def generate_report(
     """
     used = Dense().build(schedule.num_layers) if request.dense else schedule
     warm_up = dataclasses.replace(request, max_new_tokens=WARM_UP_TOKENS, speculative=min(request.speculative, 1))
-    complete(model, tokenizer, used, prompts[:1], warm_up, placement=placement, prompt_format=prompt_format)
-    completions, stats = complete(model, tokenizer, used, prompts, request, placement=placement,
-                                  prompt_format=prompt_format, streamer=streamer)
+    complete(decoder, used, prompts[:1], warm_up)
+    completions, stats = complete(decoder, used, prompts, request, streamer=streamer)
     if not request.speculative:
-        comparison = compare_speed(model, tokenizer, schedule, prompts, request, placement, prompt_format) \
-            if request.compare_dense else None
+        comparison = compare_speed(decoder, schedule, prompts, request) if request.compare_dense else None
         return GenerationReport(completions, used, stats, comparison)
     full_depth = None
     if request.compare_dense:
         dense = dataclasses.replace(request, speculative=0)
-        full_depth = complete(model, tokenizer, Dense().build(schedule.num_layers), prompts, dense,
-                              placement=placement, prompt_format=prompt_format)[1]
-    step = dense_step_seconds(model, tokenizer, prompts, request, placement, prompt_format)
+        full_depth = complete(decoder, Dense().build(schedule.num_layers), prompts, dense)[1]
+    step = dense_step_seconds(decoder, prompts, request)
     return GenerationReport(completions, used, stats,
                             speculation=SpeculationReport(request.speculative, stats, step, full_depth))
 
@@ -72,25 +62,19 @@ def prepare_prompts(
                        prompt_format)
 
 
-def run_request(
-    model: nn.Module,
-    tokenizer: Any,
-    schedule: SkipSchedule,
-    request: GenerationRequest,
-    prompts: Sequence[Source],
-    placement: Placement = ON_CPU,
-    prompt_format: PromptFormat = RAW,
-) -> GenerationReport:
-    """Do what ``request`` asks of a loaded model with its prepared ``prompts`` (:func:`prepare_prompts`): decode them
-    under ``schedule`` (the draft schedule with ``speculative``), write the completions to ``request.output`` and say
-    the summary on stderr.
+def run_request(decoder: Decoder, schedule: SkipSchedule, request: GenerationRequest, prompts: Sequence[Source]
+                ) -> GenerationReport:
+    """Do what ``request`` asks of a loaded model with its prepared ``prompts`` (:func:`prepare_prompts`, whose
+    prompt format ``decoder`` makes them with): decode them under ``schedule`` (the draft schedule with
+    ``speculative``), write the completions to ``request.output`` and say the summary on stderr.
 
     A single ``prompt`` is streamed to stdout as it is generated (transformers' ``TextStreamer``); its JSON line goes
     to ``request.output`` unless that is stdout.
     """
     streams = request.prompt is not None
-    streamer = TextStreamer(tokenizer, skip_special_tokens=True) if streams and not request.speculative else None
-    report = generate_report(model, tokenizer, schedule, prompts, request, placement, prompt_format, streamer)
+    streamer = TextStreamer(decoder.tokenizer, skip_special_tokens=True) \
+        if streams and not request.speculative else None
+    report = generate_report(decoder, schedule, prompts, request, streamer)
     if streams and streamer is None:  # speculative decoding streams nothing: its text at the end
         print(report.completions[0].completion, flush=True)
     if not streams or request.output != STDIO:

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from torch import nn
 
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.core.speedup import cost_summary, parameter_read_speedup
 from skiptrain.export.custom_generate import speedup_bound
-from skiptrain.frontends.decode import ON_CPU, DecodeStats, Placement, complete
-from skiptrain.frontends.prompts import RAW, Completion, prompt_batches
+from skiptrain.frontends.decode import Decoder, DecodeStats, complete
+from skiptrain.frontends.prompts import Completion
 from skiptrain.frontends.request import GenerationRequest
 from skiptrain.frontends.speculative import speculative_generate
 from skiptrain.modeling.architectures import decoder_parts
-from skiptrain.text.prompt_format import PromptFormat, Source
+from skiptrain.text.prompt_format import Source
 
 DENSE_STEP_TOKENS = 16
 """Full-depth steps timed to measure a draft step's relative cost (``--speculative``)."""
@@ -71,15 +70,12 @@ class SpeedComparison:
         )
 
 
-def compare_speed(
-    model: nn.Module, tokenizer: Any, schedule: SkipSchedule, prompts: Sequence[Source], request: GenerationRequest,
-    placement: Placement = ON_CPU, prompt_format: PromptFormat = RAW,
-) -> SpeedComparison:
+def compare_speed(decoder: Decoder, schedule: SkipSchedule, prompts: Sequence[Source], request: GenerationRequest
+                  ) -> SpeedComparison:
     """Time ``prompts`` under ``schedule`` and densely, ``request.max_new_tokens`` tokens per prompt in both."""
-    skip, dense = (complete(model, tokenizer, used, prompts, request, placement=placement, prompt_format=prompt_format,
-                            stop_at_eos=False)[1]
+    skip, dense = (complete(decoder, used, prompts, request, stop_at_eos=False)[1]
                    for used in (schedule, Dense().build(schedule.num_layers)))
-    limit = parameter_read_speedup(schedule, skip.lengths, *parameter_counts(model))
+    limit = parameter_read_speedup(schedule, skip.lengths, *parameter_counts(decoder.model))
     return SpeedComparison(skip, dense, limit)
 
 
@@ -162,22 +158,17 @@ class GenerationReport:
         return "\n".join(lines)
 
 
-def dense_step_seconds(
-    model: nn.Module, tokenizer: Any, prompts: Sequence[Source], request: GenerationRequest,
-    placement: Placement = ON_CPU, prompt_format: PromptFormat = RAW,
-) -> float:
+def dense_step_seconds(decoder: Decoder, prompts: Sequence[Source], request: GenerationRequest) -> float:
     """Wall time of one full-depth decode step over the first batch of ``prompts`` (end-of-sequence ignored), at
     most :data:`DENSE_STEP_TOKENS` steps timed.
 
     Timed as speculative decoding without drafts, whose every verification is one full-depth column.
     """
-    batch = next(prompt_batches(tokenizer, prompts, request.batch_size, prompt_format))
-    ids = batch["prompt_input_ids"].to(placement.device)
-    mask = batch["prompt_attention_mask"].to(placement.device)
+    ids, mask = next(decoder.batches(prompts, request.batch_size))
     steps = max(min(request.max_new_tokens, DENSE_STEP_TOKENS), 2)
-    with placement.context():
-        out = speculative_generate(model, ids, mask, Dense().build(decoder_parts(model).num_layers), steps, 0,
-                                   request.sampling, None, tokenizer.pad_token_id)
+    with decoder.context():
+        out = speculative_generate(decoder.model, ids, mask, Dense().build(decoder_parts(decoder.model).num_layers),
+                                   steps, 0, request.sampling, None, decoder.tokenizer.pad_token_id)
     return out.seconds.verify / out.stats.verifications
 
 
