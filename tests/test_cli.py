@@ -11,7 +11,8 @@ from helpers.cli_args import tiny_args
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
-from skiptrain.cli.app import SkipCLI, main
+from skiptrain.cli.app import SUBCOMMANDS, main
+from skiptrain.cli.lightning_cli import SkipCLI
 from skiptrain.export.format import read_record
 from skiptrain.training.checkpoints import resolve_ckpt_path
 from skiptrain.training.strategies import SkipDeepSpeedStrategy, SkipFSDPStrategy
@@ -40,6 +41,11 @@ def test_predict_writes_json_lines_with_the_prediction_writer(tiny_model_dir, tm
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert len(records) == 3
     assert all(set(r) == {"source", "prediction"} and r["source"] for r in records)
+
+
+def test_the_entry_point_knows_every_subcommand_of_the_lightning_cli():
+    """The entry point names the subcommands before it imports LightningCLI: the two lists are one."""
+    assert list(SUBCOMMANDS) == list(SkipCLI.subcommands())
 
 
 def test_the_optimizer_options_are_not_offered(capsys):

@@ -26,7 +26,7 @@ from skiptrain.export.format import CONFIG_KEY, SCHEDULE_FILE, ExportError, sche
 from skiptrain.export.record import ExportRecord
 from skiptrain.export.verify import check_exported_weights, check_tensors
 from skiptrain.export.write import write_export
-from skiptrain.frontends.inference import read_prompts
+from skiptrain.frontends.prompts import read_prompts
 from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
 from skiptrain.training.checkpoints import CheckpointError, consolidate_checkpoint
 from skiptrain.training.module import SkipLM

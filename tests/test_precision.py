@@ -3,6 +3,9 @@ what a run says before its progress bar."""
 
 from __future__ import annotations
 
+import inspect
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,7 +18,8 @@ from helpers.cli_args import tiny_args
 import skiptrain.modeling.precision as precision
 from skiptrain.cli.app import main
 from skiptrain.cli.trainer import SkipTrainer
-from skiptrain.modeling.precision import PrecisionWarning, cpu_bf16_feature, resolve_precision, weights_dtype
+from skiptrain.modeling.precision import cpu_bf16_feature, weights_dtype
+from skiptrain.training.precision import PrecisionWarning, resolve_precision
 
 
 @pytest.fixture
@@ -44,27 +48,81 @@ def device(monkeypatch):
     (False, False, None, "cpu", "32-true"),
 ])
 def test_auto_resolves_by_the_device_table(device, cuda, cuda_bf16, cpu_feature, accelerator, expected,
-                                          monkeypatch):
+                                          caplog):
     device(cuda, cuda_bf16, cpu_feature)
-    said: list[str] = []  # what resolve_precision prints, whatever the logging setup earlier tests left behind
-    monkeypatch.setattr(precision, "rank_zero_info", said.append)
+    caplog.set_level(logging.INFO, logger="skiptrain")
     assert resolve_precision("auto", accelerator) == expected
-    (line,) = [message for message in said if "precision auto" in message]
+    (line,) = [r.getMessage() for r in caplog.records if "precision auto" in r.getMessage()]
     assert line.startswith(f"skiptrain: precision auto -> {expected}: ")
     assert ("CUDA device" in line) == (accelerator != "cpu" and cuda)
 
 
-@pytest.mark.parametrize(("capability", "amx", "avx512_bf16", "expected"), [
-    ("AVX512", True, True, "AMX"),
-    ("AVX512", False, True, "AVX512-BF16"),
-    ("AVX512", False, False, None),
-    ("AVX2", True, True, None),  # ATen dispatches AVX2 kernels (an AVX2 CPU, or ATEN_CPU_CAPABILITY=avx2)
+@pytest.mark.parametrize(("onednn_isa", "amx", "avx512_bf16", "expected"), [
+    (None, True, True, "AMX"),
+    (None, False, True, "AVX512-BF16"),
+    (None, False, False, None),
+    ("AVX512_CORE_BF16", False, True, "AVX512-BF16"),
+    ("avx2", True, True, None),  # oneDNN capped below its bf16 kernels: emulated
 ])
-def test_the_cpu_probe_needs_avx512_kernels_and_a_bf16_unit(monkeypatch, capability, amx, avx512_bf16, expected):
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+def test_the_cpu_probe_needs_a_bf16_unit_that_onednn_may_use(monkeypatch, onednn_isa, amx, avx512_bf16, expected):
+    if onednn_isa is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", onednn_isa)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     assert cpu_bf16_feature() == expected
+
+
+def probe_and_slowdown() -> tuple[str | None, float]:
+    """The probe's answer, and a 256x256 product's best time in bf16 over fp32, on one thread."""
+    import time
+
+    import torch
+
+    from skiptrain.modeling.precision import cpu_bf16_feature
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        seconds = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            a, b = torch.randn(256, 256).to(dtype), torch.randn(256, 256).to(dtype)
+            a @ b
+            best = float("inf")
+            for _ in range(5):
+                started = time.perf_counter()
+                a @ b
+                best = min(best, time.perf_counter() - started)
+            seconds[dtype] = best
+        return cpu_bf16_feature(), seconds[torch.bfloat16] / seconds[torch.float32]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def agree(feature: str | None, slowdown: float) -> None:
+    """Native bf16 runs the product about as fast as fp32 (0.4-0.8x measured on AVX512-BF16); emulated, tens of
+    times slower (17-80x)."""
+    if feature is not None:
+        assert slowdown < 4, f"the probe says {feature}, but bf16 runs {slowdown:.1f}x slower than fp32"
+    else:
+        assert slowdown > 8, f"the probe says bf16 is emulated, but it runs {slowdown:.1f}x the time of fp32"
+
+
+def test_the_real_probe_agrees_with_a_measured_bf16_matmul_on_this_host():
+    agree(*probe_and_slowdown())
+
+
+def test_the_real_probe_agrees_where_onednn_is_capped_below_bf16():
+    """Capping oneDNN at AVX2 makes any host emulate bf16: the other answer, checked on every host."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")}
+    code = inspect.getsource(probe_and_slowdown) + "\nimport json\nprint(json.dumps(probe_and_slowdown()))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**env, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert done.returncode == 0, done.stderr
+    feature, slowdown = json.loads(done.stdout)
+    assert feature is None
+    agree(feature, slowdown)
 
 
 def precision_warnings(record: list[warnings.WarningMessage]) -> list[str]:

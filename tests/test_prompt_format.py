@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+import shutil
 
 import pytest
 import torch
@@ -96,11 +98,36 @@ def test_an_export_decodes_bare_sources_with_its_training_prompts(templated, tmp
     assert "the template" in (export / "README.md").read_text()
     check_front_ends(export, sources, expected, tmp_path)
 
-    # --raw_prompts true tokenises the bare source as it is: other prompt ids
+    # --raw_prompts true tokenises the bare source as it is: other prompt ids, which decode to other tokens
     out = tmp_path / "raw.jsonl"
     main(["generate", "--model.model", str(export), "--prompts", prompts_file(tmp_path / "p.jsonl", sources),
-          "--output", str(out), "--max_new_tokens", "2", "--raw_prompts", "true", "--trainer.logger", "false"])
-    assert [json.loads(line)["prompt"] for line in out.read_text().splitlines()] == sources
+          "--output", str(out), "--max_new_tokens", str(NEW_TOKENS), "--raw_prompts", "true",
+          "--trainer.logger", "false"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["prompt"] for row in rows] == sources
+    model, schedule, tokenizer = load_exported(export)
+    raw_ids = PromptFormat().encode(tokenizer, sources)[1]
+    assert raw_ids != expected
+
+    def decoded(prompt_ids: list[list[int]]) -> list[list[int]]:
+        batch = collate_prompts(prompt_ids, tokenizer.pad_token_id)
+        out = generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule, NEW_TOKENS,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        return [row[:n] for row, n in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True)]
+
+    assert [row["token_ids"] for row in rows] == decoded(raw_ids) != decoded(expected), "decoded from the raw ids"
+
+
+def test_a_source_cut_to_the_recorded_length_is_named_in_one_warning(templated, tmp_path):
+    export = templated[1]
+    prompts = prompts_file(tmp_path / "p.jsonl", ["city[Oslo]", " ".join(["city[Oslo] weather[sunny]"] * 40)])
+    with pytest.warns(UserWarning) as warned:
+        main(["generate", "--model.model", str(export), "--prompts", prompts, "--output", str(tmp_path / "o.jsonl"),
+              "--max_new_tokens", "2"])
+    (line,) = [str(w.message) for w in warned if "max_source_tokens" in str(w.message)]
+    found = re.fullmatch(r"skiptrain generate: sources cut to the recorded max_source_tokens=48, as in training: "
+                         r"prompt 2 from (\d+) to (\d+) tokens", line)
+    assert found and int(found[1]) > 48 >= int(found[2]), line
 
 
 def test_a_chat_template_run_trains_exports_and_round_trips(chat_model_dir, tmp_path):

@@ -20,7 +20,8 @@ from helpers.cli_runs import error_lines, run_cli, snapshot
 from transformers import PreTrainedModel
 
 import skiptrain.training.calibrate
-from skiptrain.cli.app import DEBUG_VARIABLE, SkipCLI, main
+from skiptrain.cli.app import DEBUG_VARIABLE, main
+from skiptrain.cli.lightning_cli import SkipCLI
 from skiptrain.core.schedules import ScheduleError
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.export.format import SCHEDULE_FILE

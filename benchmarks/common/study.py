@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from skiptrain.cli.app import SkipCLI, main
+from skiptrain.cli.app import main
+from skiptrain.cli.lightning_cli import SkipCLI
 from skiptrain.modeling.loading import load_causal_lm
 from skiptrain.text.encoding import encode_prompts
 from skiptrain.training.sources import load_trained_model, resolve_source

@@ -7,7 +7,7 @@
 The ``--config`` chain is read by skiptrain's own CLI parser, as ``fit`` reads it: its ``model.schedule`` is the
 schedule decoded under, its data settings (task, prompt template, ``max_source_tokens``) fill the prompts of
 ``--data`` as training fills them. Without ``--checkpoint`` the configured base model (zero-shot) is scored.
-Decoding is :func:`skiptrain.frontends.inference.complete`: greedy, or the chain's ``model.generation.sampling``
+Decoding is :func:`skiptrain.frontends.decode.complete`: greedy, or the chain's ``model.generation.sampling``
 (e.g. ``benchmarks/quality/decoding/no_repeat3.yaml``: greedy that never repeats a generated trigram), batches of 8,
 end-of-sequence stopping.
 Quality: multi-reference SacreBLEU and ROUGE (torchmetrics). Cost: the mean executed decoder layers over the tokens
@@ -29,7 +29,8 @@ from torchmetrics.text import ROUGEScore, SacreBLEUScore
 
 from benchmarks.common.study import load_model, study_config, test_prompts
 from skiptrain.core.output_dir import write_whole
-from skiptrain.frontends.inference import complete
+from skiptrain.frontends.decode import Decoder, complete
+from skiptrain.frontends.request import GenerationRequest
 
 
 def main() -> None:
@@ -52,8 +53,8 @@ def main() -> None:
     schedule = cli.model.schedule_family.build(model.config.num_hidden_layers)
     sources, prompts, references = test_prompts(cli)
     sampling = cli.model.generation.sampling
-    completions, stats = complete(model, cli.datamodule.tokenizer, schedule, prompts, args.max_new_tokens,
-                                  sampling=sampling)
+    completions, stats = complete(Decoder(model, cli.datamodule.tokenizer), schedule, prompts,
+                                  GenerationRequest(max_new_tokens=args.max_new_tokens, sampling=sampling))
     predictions = [c.completion for c in completions]
 
     rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL"))(predictions, references)

@@ -32,7 +32,7 @@ from benchmarks.speed.core import smollm2_shaped_model
 from skiptrain import Dense, generate, skipdecode_for_speedup
 from skiptrain.core.speedup import parameter_read_speedup
 from skiptrain.export.write import write_custom_generate
-from skiptrain.frontends.inference import parameter_counts
+from skiptrain.frontends.speed import parameter_counts
 
 FRONTENDS = ("hf_dense", "skiptrain_dense", "skiptrain_skip", "hf_skip")
 

@@ -29,7 +29,7 @@ import torch
 from benchmarks.common.study import load_model, study_config, test_prompts
 from skiptrain import Dense, generate
 from skiptrain.export.custom_generate import SpeculationStats, speedup_bound
-from skiptrain.frontends.inference import prompt_batches
+from skiptrain.frontends.prompts import prompt_batches
 from skiptrain.frontends.speculative import speculative_generate
 
 TRAIN_BASE = "benchmarks/quality/e2e/train_base.yaml"

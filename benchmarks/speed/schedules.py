@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.common.study import load_model, study_config, test_prompts
 from skiptrain import Dense, generate
-from skiptrain.frontends.inference import prompt_batches
+from skiptrain.frontends.prompts import prompt_batches
 
 TRAIN_BASE = "benchmarks/quality/e2e/train_base.yaml"
 SCHEDULES = ("skipdecode2x", "skipdecode3x", "hsd2x")

@@ -149,7 +149,7 @@ def join(args: argparse.Namespace) -> dict:
     """The result file: every part, speedups and the schedule's parameter-read limit."""
     from skiptrain.core.speedup import parameter_read_speedup
     from skiptrain.export.load import load_exported
-    from skiptrain.frontends.inference import parameter_counts
+    from skiptrain.frontends.speed import parameter_counts
 
     model, schedule, _ = load_exported(args.export)
     parts = {part["frontend"]: part for part in (json.loads(Path(p).read_text()) for p in args.parts)}

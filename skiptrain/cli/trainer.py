@@ -1,11 +1,11 @@
 """The Lightning ``Trainer`` with skiptrain's own subcommands: ``export``, ``generate``, ``evaluate``, ``calibrate``
 and ``conformance``.
 
-LightningCLI turns every Trainer method named in :meth:`skiptrain.cli.app.SkipCLI.subcommands` into a subcommand whose
-typed arguments become options, so ``python -m skiptrain export --ckpt_path x.ckpt --output_dir out/`` calls
-:meth:`SkipTrainer.export` with the model (and data module) built from the config. Each method adapts the
+LightningCLI turns every Trainer method named in :meth:`skiptrain.cli.lightning_cli.SkipCLI.subcommands` into a
+subcommand whose typed arguments become options, so ``python -m skiptrain export --ckpt_path x.ckpt --output_dir
+out/`` calls :meth:`SkipTrainer.export` with the model (and data module) built from the config. Each method adapts the
 trainer's device and precision to a library function: :func:`~skiptrain.training.runs.export_checkpoint`,
-:func:`~skiptrain.frontends.inference.generate_report`, :func:`~skiptrain.training.evaluation.evaluate_against_dense`,
+:func:`~skiptrain.frontends.inference.run_request`, :func:`~skiptrain.training.evaluation.evaluate_against_dense`,
 :func:`~skiptrain.training.calibrate.calibrate`, :func:`~skiptrain.frontends.conformance.write_vectors` and
 :func:`~skiptrain.frontends.conformance.check_outputs`.
 
@@ -32,7 +32,7 @@ from skiptrain.core.candidates import CalibrationRequest
 from skiptrain.core.output_dir import check_output_dir
 from skiptrain.core.schedule_files import schedule_from_file
 from skiptrain.data.datamodule import SkipDataModule
-from skiptrain.errors import InputError, UsageError
+from skiptrain.errors import UsageError
 from skiptrain.export.hub import check_can_push, push_export
 from skiptrain.export.record import ExportRecord
 from skiptrain.frontends.conformance import (
@@ -45,26 +45,20 @@ from skiptrain.frontends.conformance import (
     read_vectors,
     write_vectors,
 )
-from skiptrain.frontends.inference import (
-    RAW,
-    STDIO,
-    GenerationReport,
-    LongPrompts,
-    check_batch_size,
-    fit_prompts,
-    generate_report,
-    read_prompts,
-    write_completions,
-)
-from skiptrain.frontends.speculative import check_draft_tokens, check_full_attention, check_speculative_sampling
+from skiptrain.frontends.decode import Decoder
+from skiptrain.frontends.inference import prepare_prompts, run_request
+from skiptrain.frontends.prompts import STDIO, LongPrompts, check_batch_size, chosen_prompt_format, read_prompts
+from skiptrain.frontends.request import GenerationRequest
+from skiptrain.frontends.speculative import check_full_attention
+from skiptrain.frontends.speed import GenerationReport
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
-from skiptrain.modeling.precision import resolve_precision
 from skiptrain.text.prompt_format import PromptFormat
 from skiptrain.training.calibrate import Calibration, calibrate, validation_batches
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
 from skiptrain.training.evaluation import evaluate_against_dense
 from skiptrain.training.module import SkipLM
+from skiptrain.training.precision import resolve_precision
 from skiptrain.training.runs import export_checkpoint, recorded_prompt_format
 
 
@@ -153,60 +147,38 @@ class SkipTrainer(L.Trainer):
         speculative: int = 0,
         draft_schedule: str | None = None,
         raw_prompts: bool = False,
+        prompt: str | None = None,
+        stop: list[str] | None = None,
     ) -> GenerationReport:
-        """Generate completions of prompts with batched, KV-cached skip-aware decoding (JSON lines out).
+        """``skiptrain generate`` of a base model with a fit run's checkpoint (an export runs without Lightning:
+        :mod:`skiptrain.cli.generate`, whose options these are).
 
         Args:
-            model: The module; ``model.model`` may be an export directory.
+            model: The module; ``model.model`` is the base model (or an export).
             ckpt_path: Lightning checkpoint of a fit run, when ``model.model`` is the base model.
             weights_only: How the checkpoint is unpickled, as in ``fit``: ``null``/``true`` tensors and plain data
                 only, ``false`` any object (trusted checkpoints only).
-            prompts: ``.jsonl`` file with a ``prompt`` field per line (or, for a template of several fields, a
-                ``template`` object of their values), text file with one prompt per line, or ``-`` for stdin. Each
-                prompt is the bare source of the run's prompt format, which the model records (an export, or a
-                run's data config or checkpoint) and generate applies as training did.
-            output: JSON-lines file for ``{"prompt", "completion", "num_tokens", "token_ids"}``, or ``-`` for stdout
-                (the summary goes to stderr).
-            max_new_tokens: Tokens generated per prompt at most (>= 1); default ``model.generation.max_new_tokens``.
-            batch_size: Prompts decoded together (left-padded to end at one column).
-            sampling: Greedy by default; default ``model.generation.sampling``.
-            dense: Decode with every layer, ignoring the schedule.
-            compare_dense: Also decode the same prompts densely and report the measured speedup.
-            long_prompts: A prompt that leaves no room for ``max_new_tokens`` in the model's context length is
-                refused (``refuse``) or shortened with a warning (``truncate``): a raw prompt to its last tokens, a
-                source further trimmed inside the template.
-            speculative: K >= 1 decodes losslessly: the output is exactly full-depth decoding's, K tokens drafted
-                under the schedule per full-depth verification (0, the default, decodes under the schedule).
-            draft_schedule: With ``speculative``, draft under this schedule instead of the model's own: a
-                ``skip_schedule.json`` or a schedule YAML (``class_path``/``init_args``, or a recipe fragment).
-            raw_prompts: Use each prompt as it is (the whole prompt text), not as a source of the recorded format.
+            max_new_tokens: default ``model.generation.max_new_tokens``.
+            sampling: default ``model.generation.sampling``.
+            prompts, output, batch_size, dense, compare_dense, long_prompts, speculative, draft_schedule,
+            raw_prompts, prompt, stop: the fields of :class:`~skiptrain.frontends.request.GenerationRequest`.
         """
-        max_new_tokens = _max_new_tokens(model, max_new_tokens)
-        _check_speculation(speculative, max_new_tokens, draft_schedule, dense)
-        sampling = sampling or model.generation.sampling
-        if speculative:
-            check_speculative_sampling(sampling)
-        check_batch_size(batch_size)
+        request = GenerationRequest(
+            max_new_tokens=model.generation.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            batch_size=batch_size, sampling=sampling or model.generation.sampling, dense=dense,
+            compare_dense=compare_dense, long_prompts=long_prompts, speculative=speculative,
+            draft_schedule=draft_schedule, raw_prompts=raw_prompts, prompts=prompts, prompt=prompt,
+            stop=tuple(stop or ()), output=output)
         config = _model_config(model)
-        check_full_attention(speculative, config)
-        draft = None if draft_schedule is None else \
-            schedule_from_file(draft_schedule, config.num_hidden_layers, "draft_schedule")  # before the weights load
-        prompt_format = _prompt_format(model, ckpt_path, weights_only, raw_prompts)
-        prompt_list, prompt_format = fit_prompts(model.get_tokenizer(), read_prompts(prompts), context_length(config),
-                                                 max_new_tokens, long_prompts, prompt_format)
+        check_full_attention(request.speculative, config)
+        draft = request.draft_schedule and \
+            schedule_from_file(request.draft_schedule, config.num_hidden_layers, "draft_schedule")  # before loading
+        prompt_list, prompt_format = prepare_prompts(request, model.get_tokenizer(), context_length(config),
+                                                     _prompt_format(model, ckpt_path, weights_only, raw_prompts))
         self._load(model, ckpt_path, weights_only)
-        tokenizer = model.get_tokenizer()
-        draft = draft or model.schedule
-        device = self._place_for_inference(model)
-        report = generate_report(
-            model.model, tokenizer, draft, prompt_list, dense=dense, compare_dense=compare_dense,
-            speculative=speculative, max_new_tokens=max_new_tokens, batch_size=batch_size,
-            sampling=sampling, device=device,
-            context=self.precision_plugin.forward_context, prompt_format=prompt_format,
-        )
-        write_completions(report.completions, output)
-        rank_zero_info(report.summary())  # stderr: stdout may carry the JSON lines
-        return report
+        decoder = Decoder(model.model, model.get_tokenizer(), prompt_format, self._place_for_inference(model),
+                          self.precision_plugin.forward_context)
+        return run_request(decoder, draft or model.schedule, request, prompt_list)
 
     def evaluate(
         self,
@@ -362,32 +334,10 @@ class SkipTrainer(L.Trainer):
         return None
 
 
-def _check_speculation(speculative: int, max_new_tokens: int, draft_schedule: str | None, dense: bool) -> None:
-    """Refuse ``generate`` options that lossless speculative decoding cannot take, before any work."""
-    check_draft_tokens(speculative, max_new_tokens)
-    if speculative and dense:
-        raise UsageError(f"dense=true is invalid with speculative={speculative}: speculative output is already the "
-                         "full-depth output; allowed one of them")
-    if draft_schedule is not None and not speculative:
-        raise UsageError(f"draft_schedule={draft_schedule!r} is invalid without speculative: allowed with "
-                         "--speculative K >= 1")
-    if draft_schedule is not None and not Path(draft_schedule).is_file():
-        raise InputError(f"draft_schedule={draft_schedule!r}: no such file; give a skip_schedule.json or a schedule "
-                         "YAML (class_path/init_args)")
-
-
 def _prompt_format(model: SkipLM, ckpt_path: str | None, weights_only: bool | None, raw: bool) -> PromptFormat:
     """The prompt format that makes prompts from the given ones: the model's recorded one, or raw."""
-    if raw:
-        return RAW
-    recorded = recorded_prompt_format(model, ckpt_path, weights_only=weights_only)
-    if recorded is None:
-        rank_zero_info("skiptrain: the model records no prompt format: prompts are used as given")
-        return RAW
-    rank_zero_info(f"skiptrain: each prompt fills the recorded template {recorded.template!r}"
-                   + (" inside the chat template" if recorded.chat_template else "")
-                   + " (--raw_prompts true uses prompts as given)")
-    return recorded
+    return chosen_prompt_format(None if raw else recorded_prompt_format(model, ckpt_path, weights_only=weights_only),
+                                raw)
 
 
 def _max_new_tokens(model: SkipLM, given: int | None) -> int:

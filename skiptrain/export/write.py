@@ -16,10 +16,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_info
 from peft import PeftModel
 from torch import nn
 
+from skiptrain.core import log
 from skiptrain.core.output_dir import check_output_dir, staged_directory
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.core.speedup import cost_summary
@@ -138,6 +138,6 @@ def write_export(
         tokenizer.save_pretrained(str(staging))
         _write_record(staging, record, adapter_only)
         verify_export(staging)
-    rank_zero_info(f"skiptrain: exported to {target} ({'adapter' if adapter_only else 'merged weights'}, schedule "
-                   f"{schedule.family}: {cost_summary(schedule, [schedule.span])}, the schedule's span)")
+    log.info(f"skiptrain: exported to {target} ({'adapter' if adapter_only else 'merged weights'}, schedule "
+             f"{schedule.family}: {cost_summary(schedule, [schedule.span])}, the schedule's span)")
     return target

@@ -28,7 +28,7 @@ from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.errors import InputError, UsageError
 from skiptrain.export.format import SCHEDULE_FILE
 from skiptrain.export.record import producer
-from skiptrain.frontends.inference import RAW, prompt_batches, prompt_text
+from skiptrain.frontends.prompts import RAW, prompt_batches, prompt_text
 from skiptrain.modeling.generation import generate
 from skiptrain.text.prompt_format import PromptFormat, Source
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers import DynamicCache, StoppingCriteriaList
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     NoRepeatNGramLogitsProcessor,
@@ -19,6 +19,7 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from transformers.generation.streamers import BaseStreamer
 
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.errors import UsageError
@@ -106,6 +107,8 @@ def generate(
     generator: torch.Generator | None = None,
     return_logits: bool = False,
     synced: bool = False,
+    streamer: BaseStreamer | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` per row under ``schedule`` with a KV cache.
 
@@ -123,6 +126,9 @@ def generate(
         synced: Run all ``max_new_tokens`` steps even after every row has ended (ended rows get
             ``pad_token_id``), so every rank calls the same layers the same number of times: ZeRO-3 and FSDP gather
             weights inside each layer call, and a rank that stopped early would leave the others waiting.
+        streamer: transformers' streamer (e.g. ``TextStreamer``), given each step's generated tokens (one row).
+        stopping_criteria: transformers' stopping criteria (e.g. ``StopStringCriteria``): a row they stop has ended
+            after its current token, which it keeps.
     """
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1")
@@ -153,10 +159,16 @@ def generate(
         lengths += (~finished).long()
         finished |= torch.isin(next_ids, eos)
         tokens.append(next_ids[:, None])
+        if streamer is not None:
+            streamer.put(next_ids.cpu())
+        if stopping_criteria:
+            finished |= stopping_criteria(torch.cat([input_ids, *tokens], dim=1), logits).to(finished.device)
         if not synced and bool(finished.all()):
             break
         new_ids = next_ids[:, None]  # [B, 1]
         mask = torch.cat([mask, torch.ones_like(new_ids, dtype=mask.dtype)], dim=1)
+    if streamer is not None:
+        streamer.end()
     return GenerationOutput(
         tokens=torch.cat(tokens, dim=1),
         lengths=lengths,

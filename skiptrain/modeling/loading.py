@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
@@ -27,6 +26,7 @@ from transformers import (
 )
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from skiptrain.core import log
 from skiptrain.errors import ModelError
 from skiptrain.modeling.architectures import attention_for
 
@@ -157,8 +157,8 @@ def load_causal_lm(
         kwargs["quantization_config"] = quantization_config
     attention = attention_for(load_config(name_or_path).model_type, attn_implementation)
     if attention != attn_implementation:
-        rank_zero_info(f"skiptrain: {name_or_path} uses attn_implementation={attention!r}: its architecture does not "
-                       f"support {attn_implementation!r}")
+        log.info(f"skiptrain: {name_or_path} uses attn_implementation={attention!r}: its architecture does not "
+                 f"support {attn_implementation!r}")
     with _loading(name_or_path):
         model = AutoModelForCausalLM.from_pretrained(
             source.path, attn_implementation=attention, dtype=dtype or torch.float32, **kwargs
@@ -188,7 +188,7 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
     tokenizer.padding_side = "left"  # prompts end at one column
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-        rank_zero_info(
+        log.info(
             f"tokenizer has no pad token: using eos_token {tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) "
             "as pad (labels and attention masks are built from lengths, so EOS targets are still learned)"
         )

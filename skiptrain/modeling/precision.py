@@ -1,5 +1,5 @@
-"""Precision the device runs natively: ``trainer.precision: auto``, the warning for an emulated one, and the dtype
-weights load in.
+"""What the device computes natively (the probe behind ``trainer.precision: auto``, resolved in
+:mod:`skiptrain.training.precision`), and the dtype weights load in.
 
 On a CPU without native bf16 (no AVX512-BF16 or AMX, e.g. AVX2 only) a bf16 matrix product is emulated: tens of
 times slower than fp32, so ``bf16-mixed`` there turns minutes into hours. ``auto`` picks what the device runs:
@@ -16,25 +16,18 @@ any other CPU                              ``32-true``
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 AUTO = "auto"
-BF16_SLOWDOWN = "bf16 matrix products run tens of times slower than fp32 there"
-"""What an emulated bf16 costs: a 1024x1024 product on one thread runs 48x (an AVX2 EPYC) to 112x (AVX2 kernels only
-on a Xeon) slower in bf16 than in fp32 (benchmarks/RESULTS.md, "Precision on CPUs")."""
 ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 """Lightning's short precision names and what they stand for."""
 
 WeightsDtype = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class PrecisionWarning(UserWarning):
-    """An explicit precision that the device can only emulate."""
 
 
 @dataclass(frozen=True)
@@ -54,12 +47,19 @@ class Device:
     why: str
 
 
+ONEDNN_ISA_VARIABLE = "ONEDNN_MAX_CPU_ISA"
+BF16_ISAS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10", "ALL")
+"""oneDNN instruction-set caps (and their prefixes) that keep its bf16 kernels."""
+
+
 def cpu_bf16_feature() -> str | None:
     """The capability probe: the CPU feature that runs bf16 natively (``AMX`` or ``AVX512-BF16``), or ``None``.
 
-    ATen must dispatch its AVX512 kernels too (``ATEN_CPU_CAPABILITY=avx2`` lowers them, and bf16 is emulated).
+    oneDNN, which runs torch's CPU matrix products, must be allowed those instructions too: ``ONEDNN_MAX_CPU_ISA=AVX2``
+    makes it emulate bf16, tens of times slower, whereas ATen's own dispatch (``ATEN_CPU_CAPABILITY``) leaves bf16
+    matrix products as fast as fp32 (tests/test_precision.py measures both).
     """
-    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+    if not os.environ.get(ONEDNN_ISA_VARIABLE, "ALL").strip().upper().startswith(BF16_ISAS):
         return None
     if torch.cpu._is_amx_tile_supported():
         return "AMX"
@@ -76,26 +76,6 @@ def probe_device(accelerator: object = "auto") -> Device:
     feature = cpu_bf16_feature()
     return Device(f"CPU ({torch.backends.cpu.get_cpu_capability()})", False, feature is not None,
                   feature or "no AVX512-BF16 or AMX")
-
-
-def resolve_precision(precision: object, accelerator: object = "auto") -> object:
-    """The precision to give Lightning for ``precision``: ``auto`` resolved by the table above, said in one line.
-
-    Any other value is returned as given, with a :class:`PrecisionWarning` when the device only emulates it.
-    """
-    text = str(precision)
-    if text == AUTO:
-        device = probe_device(accelerator)
-        chosen = "bf16-mixed" if device.native_bf16 else "16-mixed" if device.cuda else "32-true"
-        rank_zero_info(f"skiptrain: precision auto -> {chosen}: {device.name}, {device.why}")
-        return chosen
-    if text.startswith("bf16"):
-        device = probe_device(accelerator)
-        if not device.native_bf16:
-            rank_zero_warn(f"precision={text} on {device.name}, which has {device.why}: {BF16_SLOWDOWN}; use "
-                           "--trainer.precision auto (or 32-true) to train at this device's speed",
-                           category=PrecisionWarning)
-    return precision
 
 
 def _unified(precision: object) -> str:
@@ -130,5 +110,4 @@ def weights_dtype(precision: object, trains_all_weights: bool, override: Weights
     return torch.float32
 
 
-__all__ = ["Device", "PrecisionWarning", "compute_dtype", "cpu_bf16_feature", "probe_device", "resolve_precision",
-           "weights_dtype"]
+__all__ = ["Device", "compute_dtype", "cpu_bf16_feature", "probe_device", "weights_dtype"]

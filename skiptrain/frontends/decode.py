@@ -1,0 +1,138 @@
+"""The decode driver: a :class:`~skiptrain.frontends.request.GenerationRequest`'s prompts completed in batches by the
+skip-aware front-end, and what it cost.
+
+Each batch (:func:`~skiptrain.frontends.prompts.prompt_batches`) is decoded by
+:func:`~skiptrain.modeling.generation.generate`, or with ``speculative`` by
+:func:`~skiptrain.frontends.speculative.speculative_generate`, inside a fresh ``decoder.context()`` (e.g. the
+precision's autocast). The cost is :class:`DecodeStats`: wall time, and the mean executed decoder layers and ideal
+speedup over the tokens actually generated (:mod:`skiptrain.core.speedup`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import StoppingCriteriaList, StopStringCriteria
+from transformers.generation.streamers import BaseStreamer
+
+from skiptrain.core.schedules import SkipSchedule
+from skiptrain.core.speedup import batch_ideal_speedup, mean_executed_layers
+from skiptrain.export.custom_generate import SpeculationStats
+from skiptrain.frontends.prompts import RAW, Completion, prompt_batches, prompt_text
+from skiptrain.frontends.request import GenerationRequest
+from skiptrain.frontends.speculative import StepSeconds, speculative_generate
+from skiptrain.modeling.generation import generate
+from skiptrain.text.prompt_format import PromptFormat, Source
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """A loaded causal LM ready to decode prompts: its tokenizer, the prompt format that makes prompt ids from the
+    given prompts, its ``device``, and the ``context`` each decoding call runs in (e.g. the precision's autocast)."""
+
+    model: nn.Module
+    tokenizer: Any
+    prompt_format: PromptFormat = RAW
+    device: torch.device | str = "cpu"
+    context: Callable[[], AbstractContextManager] = nullcontext
+
+    def batches(self, prompts: Sequence[Source], batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(input_ids, attention_mask)`` of each batch of ``prompts``, left-padded, on the device
+        (:func:`~skiptrain.frontends.prompts.prompt_batches`)."""
+        for batch in prompt_batches(self.tokenizer, prompts, batch_size, self.prompt_format):
+            yield batch["prompt_input_ids"].to(self.device), batch["prompt_attention_mask"].to(self.device)
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (CUDA), so that wall time counts it."""
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """Cost of decoding a set of prompts under one schedule.
+
+    Args:
+        schedule: The schedule the prompts were decoded with (the draft schedule of speculative decoding).
+        lengths: Tokens generated per prompt.
+        seconds: Wall time of the decoding calls.
+        speculation: With speculative decoding, what was drafted and accepted over all batches.
+        step_seconds: With speculative decoding, the wall time per kind of forward call.
+    """
+
+    schedule: SkipSchedule
+    lengths: tuple[int, ...]
+    seconds: float
+    speculation: SpeculationStats | None = None
+    step_seconds: StepSeconds | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Generated tokens, over all prompts."""
+        return sum(self.lengths)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def mean_layers_per_token(self) -> float:
+        """Mean executed decoder layers per generated token, over the tokens generated."""
+        return mean_executed_layers(self.schedule, self.lengths)
+
+    @property
+    def ideal_speedup(self) -> float:
+        """Decoder layers / :attr:`mean_layers_per_token`, over the tokens generated (:mod:`skiptrain.core.speedup`)."""
+        return batch_ideal_speedup(self.schedule, self.lengths)
+
+
+def complete(
+    decoder: Decoder,
+    schedule: SkipSchedule,
+    prompts: Sequence[Source],
+    request: GenerationRequest,
+    *,
+    stop_at_eos: bool = True,
+    streamer: BaseStreamer | None = None,
+) -> tuple[list[Completion], DecodeStats]:
+    """Complete ``prompts`` under ``schedule`` as ``request`` asks: its ``max_new_tokens``, ``batch_size``,
+    ``sampling``, ``speculative`` draft length and ``stop`` strings.
+
+    With ``stop_at_eos=False`` every prompt gets ``max_new_tokens`` tokens (equal work, for timing); a ``streamer``
+    receives the tokens of a one-prompt batch as they are generated.
+
+    Returns:
+        The completions in prompt order, and the decoding cost (wall time of the decoding calls only).
+    """
+    tokenizer = decoder.tokenizer
+    completions: list[Completion] = []
+    seconds, speculation, step_seconds = 0.0, SpeculationStats(), StepSeconds()
+    eos = tokenizer.eos_token_id if stop_at_eos else None
+    stopping = StoppingCriteriaList([StopStringCriteria(tokenizer, list(request.stop))]) if request.stop else None
+    for ids, mask in decoder.batches(prompts, request.batch_size):
+        started = time.perf_counter()
+        with decoder.context():
+            if request.speculative:
+                out = speculative_generate(decoder.model, ids, mask, schedule, request.max_new_tokens,
+                                           request.speculative, request.sampling, eos, tokenizer.pad_token_id)
+                speculation, step_seconds = speculation.add(out.stats), step_seconds.add(out.seconds)
+            else:
+                out = generate(decoder.model, ids, mask, schedule, request.max_new_tokens, request.sampling, eos,
+                               tokenizer.pad_token_id, streamer=streamer, stopping_criteria=stopping)
+        decoder.synchronize()
+        seconds += time.perf_counter() - started
+        rows = zip(out.tokens.tolist(), out.lengths.tolist(), out.texts(tokenizer), strict=True)
+        for row, n, text in rows:
+            completions.append(Completion(prompt_text(prompts[len(completions)]), text, n, row[:n]))  # in order
+    stats = DecodeStats(schedule, tuple(c.num_tokens for c in completions), seconds,
+                        *((speculation, step_seconds) if request.speculative else ()))
+    return completions, stats
+
+
+__all__ = ["DecodeStats", "Decoder", "complete"]
