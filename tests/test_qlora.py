@@ -27,7 +27,7 @@ NUM_LAYERS = 4
 # bitsandbytes' CPU kernels need layers at least one 64-wide quantization block wide
 WIDTH = 64
 QUANTIZATION = "{bits: 4, type: nf4, double_quant: true, compute_dtype: float32}"
-LORA = "{r: 4, alpha: 8, dropout: 0}"
+LORA = "{r: 4, lora_alpha: 8, lora_dropout: 0}"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def qlora_run(model_dir, tmp_path_factory):
             path, export_dir = model_dir(family), root / "export"
             cli = main(["fit", *tiny_args(
                 path, root / "fit", "--data.task", "builtin", "--data.max_train_samples", "12",
-                "--model.lora", LORA, "--model.quantization", QUANTIZATION, "--model.learning_rate", "0.02",
+                "--model.lora", LORA, "--model.quantization", QUANTIZATION, "--model.optimizer.learning_rate", "0.02",
                 "--model.generation.num_batches", "0", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
                 "--trainer.log_every_n_steps", "1", "--seed_everything", "1",
                 f"--trainer.callbacks+={EXPORT_CALLBACK % export_dir}",

@@ -82,7 +82,7 @@ def test_fit_fast_dev_run_for_each_task_type(task, tiny_model_dir, tmp_path):
     else:
         data_args = ["--data.task", "builtin", "--data.max_train_samples", "16"]
     cli = main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "run", *data_args,
-                                   "--model.lora", "{r: 4, alpha: 8}", "--trainer.fast_dev_run", "2")])
+                                   "--model.lora", "{r: 4, lora_alpha: 8}", "--trainer.fast_dev_run", "2")])
     assert cli.trainer.state.finished
     assert cli.trainer.global_step == 2
     logged = cli.trainer.logged_metrics
@@ -111,7 +111,7 @@ def test_the_progress_bar_counts_epochs_only_when_they_bound_the_run(bound, labe
 
 
 def test_validate_from_checkpoint_and_resume_continues_identically(tiny_model_dir, tmp_path):
-    common = ["--data.task", "builtin", "--data.max_train_samples", "8", "--model.lora", "{r: 4, alpha: 8, dropout: 0}",
+    common = ["--data.task", "builtin", "--data.max_train_samples", "8", "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}",
               "--model.generation.num_batches", "0", "--trainer.log_every_n_steps", "1", "--seed_everything", "3"]
     model_dir = tiny_model_dir("llama")
     # uninterrupted: two epochs of two steps
@@ -142,7 +142,7 @@ def test_validate_from_checkpoint_and_resume_continues_identically(tiny_model_di
 
 def test_distillation_bf16_and_activation_checkpointing(tiny_model_dir, tmp_path):
     cli = main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "run", "--data.task", "builtin",
-                                   "--data.max_train_samples", "8", "--model.lora", "{r: 4, alpha: 8}",
+                                   "--data.max_train_samples", "8", "--model.lora", "{r: 4, lora_alpha: 8}",
                                    "--model.distillation", "{weight: 0.5, temperature: 2.0}",
                                    "--model.activation_checkpointing", "true", "--trainer.precision", "bf16-mixed",
                                    "--model.generation.num_batches", "0", "--trainer.fast_dev_run", "2")])

@@ -41,6 +41,7 @@ from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadat
 from skiptrain.training.module import SkipLM, accept_schedule_families
 from skiptrain.training.preemption import PreemptionCheckpoint
 from skiptrain.training.runs import RUN_CONFIG_FILE
+from skiptrain.training.settings import moved_option
 from skiptrain.training.strategies import release_process_group
 
 DATA_MODULE = {"export": "optional", "generate": "unused", "evaluate": "required", "calibrate": "required",
@@ -194,7 +195,7 @@ def subcommand_of(args: Sequence[str]) -> str:
     return next((arg for arg in args if arg in SkipCLI.subcommands()), "")
 
 
-def error_line(subcommand: str, error: BaseException) -> str:
+def error_line(subcommand: str, error: BaseException | str) -> str:
     """``skiptrain <subcommand>: error: <message>``, on one line."""
     program = f"skiptrain {subcommand}" if subcommand else "skiptrain"
     return f"{program}: error: {' '.join(str(error).split())}"
@@ -233,15 +234,16 @@ def main(args: list[str] | None = None, run: bool = True) -> SkipCLI:
         user_error = _user_error(err)
         if user_error is None or os.environ.get(DEBUG_VARIABLE, "0") not in ("", "0"):
             raise
-        print(error_line(subcommand_of(sys.argv[1:] if args is None else args), user_error), file=sys.stderr)
+        moved = moved_option(str(user_error)) if isinstance(user_error, ArgumentError) else None
+        print(error_line(subcommand_of(sys.argv[1:] if args is None else args), moved or user_error), file=sys.stderr)
         raise SystemExit(exit_code(user_error)) from None
 
 
 NOT_OPTIONS = {
     "--optimizer": "the optimizer is AdamW over the trainable weights, which exist only once the model is built: set "
-                   "--model.learning_rate, --model.betas and --model.weight_decay",
-    "--lr_scheduler": "the learning-rate schedule is --model.lr_schedule (cosine, linear or constant) after "
-                      "--model.warmup_steps of linear warm-up",
+                   "--model.optimizer.learning_rate, --model.optimizer.betas and --model.optimizer.weight_decay",
+    "--lr_scheduler": "the learning-rate schedule is --model.optimizer.lr_schedule (cosine, linear or constant) "
+                      "after --model.optimizer.warmup_steps of linear warm-up",
 }
 """LightningCLI's options that skiptrain leaves out, each with what to set instead."""
 
