@@ -23,8 +23,9 @@ from skiptrain.errors import UsageError
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Write each predicted ``{"source", "prediction"}`` record (:meth:`~skiptrain.module.SkipLM.predict_step`) as
-    one JSON line, batch by batch, so that a long run keeps what it decoded.
+    """Write each predicted ``{"source", "prediction"}`` record
+    (:meth:`~skiptrain.training.module.SkipLM.predict_step`) as one JSON line, batch by batch, so that a long run keeps
+    what it decoded.
 
     Args:
         output: The JSON-lines file, replaced when ``predict`` starts. With several processes, each writes its own

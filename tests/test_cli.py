@@ -16,7 +16,8 @@ from skiptrain.export.format import read_record
 from skiptrain.training.checkpoints import resolve_ckpt_path
 from skiptrain.training.strategies import SkipDeepSpeedStrategy, SkipFSDPStrategy
 
-COMMON = ("--data.task", "builtin", "--data.max_train_samples", "4", "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}",
+COMMON = ("--data.task", "builtin", "--data.max_train_samples", "4",
+          "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}",
           "--model.generation.num_batches", "0")
 
 

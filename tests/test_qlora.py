@@ -21,7 +21,7 @@ from skiptrain import Dense, SkipSchedule, generate, load_exported, skip_forward
 from skiptrain.cli.app import main  # noqa: E402
 from skiptrain.export.format import SCHEDULE_FILE  # noqa: E402
 from skiptrain.training.module import SkipLM  # noqa: E402
-from skiptrain.training.sources import load_trained_model, resolve_source  # noqa: E402
+from skiptrain.training.sources import load_trained_model, resolve_weights_source  # noqa: E402
 
 NUM_LAYERS = 4
 # bitsandbytes' CPU kernels need layers at least one 64-wide quantization block wide
@@ -155,7 +155,7 @@ def test_an_adapter_export_and_the_checkpoint_give_back_the_trained_model(qlora_
     reference = AutoModelForCausalLM.from_pretrained(run.export_dir).eval()
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask).logits
-        for model in (load_exported(adapter_dir).model, load_trained_model(resolve_source(ckpt)).eval()):
+        for model in (load_exported(adapter_dir).model, load_trained_model(resolve_weights_source(ckpt)).eval()):
             torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, expected, atol=1e-5, rtol=0)
 
 

@@ -9,7 +9,7 @@ import torch
 from skiptrain import Dense
 from skiptrain.errors import UsageError
 from skiptrain.training.module import Distillation, SkipLM
-from skiptrain.training.sources import load_trained_model, resolve_source
+from skiptrain.training.sources import load_trained_model, resolve_weights_source
 
 
 def test_each_kind_of_source_is_told_apart(tiny_model_dir, skip_export, tmp_path):
@@ -31,18 +31,18 @@ def test_each_kind_of_source_is_told_apart(tiny_model_dir, skip_export, tmp_path
         str(deepspeed): "checkpoint",
         str(fsdp): "checkpoint",
     }
-    assert {name: resolve_source(name).kind for name in kinds} == kinds
+    assert {name: resolve_weights_source(name).kind for name in kinds} == kinds
 
 
 def test_only_an_export_brings_a_schedule(tiny_model_dir, skip_export):
-    exported = resolve_source(skip_export("llama"))
+    exported = resolve_weights_source(skip_export("llama"))
     assert exported.schedule() == exported.load_export().schedule
-    assert resolve_source(tiny_model_dir("llama")).schedule() is None
+    assert resolve_weights_source(tiny_model_dir("llama")).schedule() is None
 
 
 def test_a_pretrained_model_is_no_earlier_run(tiny_model_dir):
     with pytest.raises(Exception, match="neither a checkpoint of a fit run"):
-        load_trained_model(resolve_source(tiny_model_dir("llama")))
+        load_trained_model(resolve_weights_source(tiny_model_dir("llama")))
 
 
 @pytest.mark.parametrize("field", ["init_from", "teacher"])
@@ -58,7 +58,7 @@ def test_the_module_loads_an_export_whole(skip_export):
     module = SkipLM(model=str(path))
     assert module.check_model().num_hidden_layers == 6  # an export is verified before it loads: its config
     record = module.load_weights()
-    assert module.schedule == record.schedule == resolve_source(path).schedule()
+    assert module.schedule == record.schedule == resolve_weights_source(path).schedule()
     assert module.get_tokenizer() is module.tokenizer and module.model is not None
     with module.scored_under(Dense().build(6)):
         assert module.scored_schedule == Dense().build(6)

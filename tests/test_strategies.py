@@ -515,7 +515,8 @@ def test_deepspeed_zero3_offload_steps_deepspeed_cpu_adam_on_the_modules_schedul
     """Slow: JIT-compiles DeepSpeed's CPU Adam (about 3 minutes on 1 core the first time)."""
     strategy = {"class_path": "helpers.cpu_strategies.CPUDeepSpeedStrategy",
                 "init_args": {"stage": 3, "offload_optimizer": True, "offload_parameters": True, "pin_memory": False}}
-    schedule = ("--model.optimizer.lr_schedule", "linear", "--model.optimizer.warmup_steps", "2")  # the swapped optimizer follows it
+    # the swapped optimizer follows the schedule
+    schedule = ("--model.optimizer.lr_schedule", "linear", "--model.optimizer.warmup_steps", "2")
     torchrun(fit_args(tied_model_dir, corpus, tmp_path, 2, False, *schedule, "--trainer.strategy",
                       json.dumps(strategy)), tmp_path)
     found = check_run(tmp_path, False, single, tied_model_dir, *schedule)

@@ -47,7 +47,8 @@ def inputs(tiny_model_dir, tmp_path_factory) -> Inputs:
     root = tmp_path_factory.mktemp("inputs")
     model = tiny_model_dir("llama")
     main(["fit", *tiny_args(model, root / "fit", "--data.task", "builtin", "--data.max_train_samples", "4",
-                            "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}", "--model.generation.num_batches", "0",
+                            "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}",
+                            "--model.generation.num_batches", "0",
                             "--trainer.max_steps", "1", "--trainer.limit_val_batches", "1")])
     (ckpt,) = (root / "fit").rglob("*.ckpt")
     main(["export", "--model.model", model, "--ckpt_path", str(ckpt), "--output_dir", str(root / "export")])
