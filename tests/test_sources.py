@@ -1,14 +1,17 @@
-"""Model sources: one resolver tells pretrained models, exports and checkpoints apart, and SkipLM refuses an
+"""Weights sources: one resolver tells pretrained models, exports and checkpoints apart, and SkipLM refuses an
 ``init_from`` or teacher that is not an earlier run."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from helpers.cli_args import tiny_args
 
 from skiptrain import Dense
+from skiptrain.cli.app import main
 from skiptrain.errors import UsageError
 from skiptrain.training.module import Distillation, SkipLM
+from skiptrain.training.settings import upgrade_hparams
 from skiptrain.training.sources import load_trained_model, resolve_weights_source
 
 
@@ -63,3 +66,28 @@ def test_the_module_loads_an_export_whole(skip_export):
     with module.scored_under(Dense().build(6)):
         assert module.scored_schedule == Dense().build(6)
     assert module.scored_schedule == module.schedule
+
+
+def test_a_checkpoint_written_before_model_optimizer_and_peft_names_still_loads(tiny_model_dir, tmp_path):
+    """Stored hyper-parameters in the earlier layout (flat optimiser keys, LoRA ``alpha``/``dropout``) are moved to
+    today's, for the CLI's checkpoint parsing and for an earlier run loaded as a teacher or warm start."""
+    model_dir = tiny_model_dir("llama")
+    main(["fit", *tiny_args(model_dir, tmp_path / "fit", "--data.task", "builtin", "--data.max_train_samples", "4",
+                            "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}",
+                            "--model.generation.num_batches", "0", "--trainer.max_steps", "1",
+                            "--trainer.limit_val_batches", "0")])
+    (ckpt,) = (tmp_path / "fit").rglob("*.ckpt")
+    checkpoint = torch.load(ckpt, weights_only=False)
+    hparams = checkpoint["hyper_parameters"]
+    hparams.update(hparams.pop("optimizer"))
+    hparams["lora"] = {"r": 4, "alpha": 8, "dropout": 0}
+    old = tmp_path / "old.ckpt"
+    torch.save(checkpoint, old)
+    assert upgrade_hparams(hparams)["optimizer"]["learning_rate"] == hparams["learning_rate"]
+    assert upgrade_hparams(hparams)["lora"] == {"r": 4, "lora_alpha": 8, "lora_dropout": 0}
+
+    reference = load_trained_model(resolve_weights_source(ckpt))
+    for name, tensor in load_trained_model(resolve_weights_source(old)).state_dict().items():
+        assert torch.equal(tensor, reference.state_dict()[name])
+    main(["export", "--model.model", model_dir, "--ckpt_path", str(old), "--output_dir", str(tmp_path / "export")])
+    assert (tmp_path / "export" / "config.json").is_file()

@@ -41,7 +41,7 @@ from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadat
 from skiptrain.training.module import SkipLM, accept_schedule_families
 from skiptrain.training.preemption import PreemptionCheckpoint
 from skiptrain.training.runs import RUN_CONFIG_FILE
-from skiptrain.training.settings import moved_option
+from skiptrain.training.settings import moved_option, upgrade_hparams
 from skiptrain.training.strategies import release_process_group
 
 DATA_MODULE = {"export": "optional", "generate": "unused", "evaluate": "required", "calibrate": "required",
@@ -134,7 +134,8 @@ class SkipCLI(LightningCLI):
             ckpt_path = settings.ckpt_path = resolve_ckpt_path(ckpt_path, root)
         if not ckpt_path or checkpoint_layout(ckpt_path) != "file":
             return
-        hparams = dict(checkpoint_metadata(ckpt_path, settings.get("weights_only")).get("hyper_parameters") or {})
+        hparams = upgrade_hparams(checkpoint_metadata(ckpt_path, settings.get("weights_only")).get("hyper_parameters")
+                                  or {})
         hparams.pop("_instantiator", None)
         given, stored = settings.model.get("model"), hparams.get("model")
         if given and stored and given != stored:

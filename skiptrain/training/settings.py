@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +19,7 @@ from transformers import (
 
 from skiptrain.errors import UsageError
 from skiptrain.modeling.generation import SamplingConfig
+from skiptrain.training.lora import RENAMED_FIELDS
 
 LR_SCHEDULES = {
     "cosine": get_cosine_schedule_with_warmup,
@@ -143,9 +144,21 @@ class Curriculum:
         return min(1.0, step / max(self.fraction * total_steps, 1.0))
 
 
-MOVED_OPTIONS = {f"model.{name}": f"model.optimizer.{name}"
-                 for name in ("learning_rate", "weight_decay", "betas", "warmup_steps", "lr_schedule")}
+OPTIMIZER_FIELDS = ("learning_rate", "weight_decay", "betas", "warmup_steps", "lr_schedule")
+MOVED_OPTIONS = {f"model.{name}": f"model.optimizer.{name}" for name in OPTIMIZER_FIELDS}
 """Options of ``model`` that moved, each with its new name."""
+
+
+def upgrade_hparams(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint's stored ``SkipLM`` hyper-parameters in today's layout: those of a checkpoint written before
+    ``model.optimizer`` and peft's LoRA names are moved there (a checkpoint cannot be edited as a config can)."""
+    hparams = dict(hparams)
+    moved = {name: hparams.pop(name) for name in OPTIMIZER_FIELDS if name in hparams}
+    if moved:
+        hparams["optimizer"] = {**(hparams.get("optimizer") or {}), **moved}
+    if isinstance(hparams.get("lora"), Mapping):
+        hparams["lora"] = {RENAMED_FIELDS.get(k, k): v for k, v in hparams["lora"].items()}
+    return hparams
 
 
 def moved_option(message: str) -> str | None:

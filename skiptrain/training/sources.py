@@ -36,6 +36,7 @@ from skiptrain.training.checkpoints import (
     consolidate_checkpoint,
 )
 from skiptrain.training.lora import with_adapters
+from skiptrain.training.settings import upgrade_hparams
 
 WeightsKind = Literal["pretrained", "export", "checkpoint"]
 
@@ -91,7 +92,7 @@ def load_trained_model(source: WeightsSource, attn_implementation: str = "sdpa")
     if source.kind != "checkpoint":
         raise CheckpointError(f"{source.name!r} is neither a checkpoint of a fit run (a .ckpt file or a sharded "
                               "DeepSpeed/FSDP directory) nor an export directory")
-    hparams = checkpoint_metadata(source.name).get("hyper_parameters") or {}
+    hparams = upgrade_hparams(checkpoint_metadata(source.name).get("hyper_parameters") or {})
     if "model" not in hparams or "schedule" not in hparams:
         raise CheckpointError(f"checkpoint {source.name!r} has no SkipLM hyper-parameters (model, schedule)")
     quantization = Quantization.from_hparams(hparams.get("quantization"))
