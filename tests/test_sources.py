@@ -74,16 +74,17 @@ def test_a_checkpoint_written_before_model_optimizer_and_peft_names_still_loads(
     model_dir = tiny_model_dir("llama")
     main(["fit", *tiny_args(model_dir, tmp_path / "fit", "--data.task", "builtin", "--data.max_train_samples", "4",
                             "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}",
+                            "--model.optimizer.learning_rate", "0.05",
                             "--model.generation.num_batches", "0", "--trainer.max_steps", "1",
                             "--trainer.limit_val_batches", "0")])
     (ckpt,) = (tmp_path / "fit").rglob("*.ckpt")
     checkpoint = torch.load(ckpt, weights_only=False)
     hparams = checkpoint["hyper_parameters"]
-    hparams.update(hparams.pop("optimizer"))
+    hparams.update(dict(hparams.pop("optimizer")))
     hparams["lora"] = {"r": 4, "alpha": 8, "dropout": 0}
     old = tmp_path / "old.ckpt"
     torch.save(checkpoint, old)
-    assert upgrade_hparams(hparams)["optimizer"]["learning_rate"] == hparams["learning_rate"]
+    assert upgrade_hparams(hparams)["optimizer"]["learning_rate"] == hparams["learning_rate"] == 0.05
     assert upgrade_hparams(hparams)["lora"] == {"r": 4, "lora_alpha": 8, "lora_dropout": 0}
 
     reference = load_trained_model(resolve_weights_source(ckpt))
