@@ -47,8 +47,11 @@ def test_the_optimizer_options_are_not_offered(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     shown = capsys.readouterr().out
-    assert "--model.optimizer.learning_rate" in shown
+    assert "--model.optimizer OPTIMIZER" in shown and "--model.optimizer.help" in shown
     assert "--optimizer" not in shown and "--lr_scheduler" not in shown
+    with pytest.raises(SystemExit):
+        main(["fit", "--model.optimizer.help"])
+    assert "--model.optimizer.learning_rate" in capsys.readouterr().out
 
 
 # -- Lightning's private hooks that skiptrain overrides: what it relies on, so that an upgrade that changes them

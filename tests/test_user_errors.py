@@ -274,7 +274,7 @@ CASES = [
     Case("lora_not_a_field", fit("--model.lora", "{rank: 4}"), USAGE,
          "lora.rank is not a field of peft's LoraConfig: allowed ['r', 'target_modules',"),
     Case("lora_regex_matches_nothing", fit("--model.lora", "{target_modules: '.*nothing_proj'}"), USAGE,
-         "lora.target_modules='.*nothing_proj' is invalid: Target modules .*nothing_proj not found"),
+         "lora.target_modules='.*nothing_proj' is invalid: the regex matches no module of model_type='llama'"),
     Case("moved_option", fit("--model.learning_rate", "0.1"), USAGE,
          "model.learning_rate is now model.optimizer.learning_rate"),
     Case("moved_option_in_config", fit("--config", "{tmp}/old.yaml"), USAGE,

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
+from peft.utils.constants import INCLUDE_LINEAR_LAYERS_SHORTHAND
 from torch import nn
+from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from skiptrain.errors import UsageError
-from skiptrain.modeling.architectures import architecture
+from skiptrain.modeling.architectures import architecture, check_lora_targets
 
-__all__ = ["DEFAULTS", "RENAMED_FIELDS", "lora_config", "lora_fields", "with_adapters"]
+__all__ = ["DEFAULTS", "RENAMED_FIELDS", "check_targets", "lora_config", "lora_fields", "with_adapters"]
 
 DEFAULTS = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05}
 """skiptrain's defaults where they differ from peft's."""
@@ -80,6 +84,28 @@ def lora_config(fields: Mapping[str, Any], model_type: str | None = None) -> Lor
     except (TypeError, ValueError) as err:
         raise UsageError(f"lora={dict(fields)} is invalid for peft's LoraConfig: {' '.join(str(err).split())}"
                          ) from err
+
+
+def check_targets(config: PretrainedConfig, targets: str | list[str] | None) -> None:
+    """Refuse ``target_modules`` that match nothing in a model of ``config`` (built on the meta device: no weights),
+    before any weights load: names as :func:`~skiptrain.modeling.architectures.check_lora_targets`, a regex as peft
+    matches it (the whole module name); ``None`` and ``all-linear`` always match.
+
+    Raises:
+        UsageError: naming the targets.
+    """
+    if targets is None or targets == INCLUDE_LINEAR_LAYERS_SHORTHAND:
+        return
+    if not isinstance(targets, str):
+        check_lora_targets(config, targets)
+        return
+    with torch.device("meta"):
+        names = [name for name, _ in AutoModelForCausalLM.from_config(config).named_modules()]
+    if not any(re.fullmatch(targets, name) for name in names):
+        example = next((name for name in names if name.endswith("_proj")), names[-1])
+        raise UsageError(f"lora.target_modules={targets!r} is invalid: the regex matches no module of "
+                         f"model_type={config.model_type!r} (peft matches it against whole module names, e.g. "
+                         f"{example!r}); allowed a regex, a list of names, or {INCLUDE_LINEAR_LAYERS_SHORTHAND!r}")
 
 
 def with_adapters(model: nn.Module, fields: Mapping[str, Any]) -> PeftModel:

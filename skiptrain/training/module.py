@@ -22,14 +22,14 @@ from skiptrain.errors import UsageError
 from skiptrain.export.format import ExportUsageError
 from skiptrain.export.record import ExportRecord
 from skiptrain.export.verify import export_config
-from skiptrain.modeling.architectures import check_lora_targets, decoder_parts
+from skiptrain.modeling.architectures import decoder_parts
 from skiptrain.modeling.generation import generate
 from skiptrain.modeling.loading import load_causal_lm, load_config, load_tokenizer
 from skiptrain.modeling.precision import WeightsDtype, weights_dtype
 from skiptrain.modeling.quantization import Quantization, require_bitsandbytes, use_training_kernels
 from skiptrain.text.batch import IGNORE_INDEX
 from skiptrain.training.checkpoints import consolidate_checkpoint
-from skiptrain.training.lora import lora_fields, with_adapters
+from skiptrain.training.lora import check_targets, lora_fields, with_adapters
 from skiptrain.training.losses import (
     distillation_kl,
     hidden_state_mse,
@@ -196,9 +196,8 @@ class SkipLM(WithoutQuantizedBase, L.LightningModule):
         if self._model_config is None:
             self._model_config = load_config(self.model_name)
         self._schedule_family().build(self._model_config.num_hidden_layers)
-        targets = self.lora.get("target_modules") if self.lora is not None else None
-        if targets and not isinstance(targets, str):  # a str is peft's all-linear or a regex: peft checks it
-            check_lora_targets(self._model_config, targets)
+        if self.lora is not None:
+            check_targets(self._model_config, self.lora.get("target_modules"))
         return self._model_config
 
     def weights_dtype(self) -> torch.dtype:

@@ -164,8 +164,10 @@ def upgrade_hparams(hparams: Mapping[str, Any]) -> dict[str, Any]:
 def moved_option(message: str) -> str | None:
     """One line naming the new key when the parser's ``message`` refuses an option of :data:`MOVED_OPTIONS` (on the
     command line, ``unrecognized arguments: --model.learning_rate ...``; in a config, ``Group 'model' does not accept
-    option 'learning_rate'``); ``None`` for any other message."""
+    option 'learning_rate'`` or ``Subcommand 'fit' does not accept option 'model.learning_rate'``); ``None`` for any
+    other message."""
     for old, new in MOVED_OPTIONS.items():
-        if f"--{old}" in message or f"'model' does not accept option '{old.removeprefix('model.')}'" in message:
+        name = old.removeprefix("model.")
+        if any(form in message for form in (f"--{old}", f"option '{old}'", f"'model' does not accept option '{name}'")):
             return f"{old} is now {new}: rename it in your config or command line"
     return None
