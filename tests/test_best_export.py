@@ -23,7 +23,8 @@ EXPORT = '{"class_path": "skiptrain.callbacks.export.ExportCallback", "init_args
 def fit_and_export(tiny_model_dir, root, which: str):
     return main(["fit", *tiny_args(
         tiny_model_dir("llama"), root / "fit", "--data.task", "builtin", "--data.max_train_samples", "16",
-        "--model.learning_rate", "0.05", "--model.warmup_steps", "0", "--model.generation.num_batches", "0",
+        "--model.optimizer.learning_rate", "0.05", "--model.optimizer.warmup_steps", "0",
+        "--model.generation.num_batches", "0",
         "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0", "--seed_everything", "1",
         f"--trainer.callbacks+={BEST_BY_LR % (root / 'ckpt')}",
         f"--trainer.callbacks+={EXPORT % (root / 'export', which)}",

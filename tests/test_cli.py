@@ -17,7 +17,8 @@ from skiptrain.export.format import read_record
 from skiptrain.training.checkpoints import resolve_ckpt_path
 from skiptrain.training.strategies import SkipDeepSpeedStrategy, SkipFSDPStrategy
 
-COMMON = ("--data.task", "builtin", "--data.max_train_samples", "4", "--model.lora", "{r: 4, alpha: 8, dropout: 0}",
+COMMON = ("--data.task", "builtin", "--data.max_train_samples", "4",
+          "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}",
           "--model.generation.num_batches", "0")
 
 
@@ -52,8 +53,11 @@ def test_the_optimizer_options_are_not_offered(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     shown = capsys.readouterr().out
-    assert "--model.learning_rate" in shown
+    assert "--model.optimizer OPTIMIZER" in shown and "--model.optimizer.help" in shown
     assert "--optimizer" not in shown and "--lr_scheduler" not in shown
+    with pytest.raises(SystemExit):
+        main(["fit", "--model.optimizer.help"])
+    assert "--model.optimizer.learning_rate" in capsys.readouterr().out
 
 
 # -- Lightning's private hooks that skiptrain overrides: what it relies on, so that an upgrade that changes them

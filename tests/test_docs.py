@@ -292,7 +292,7 @@ def exports(tiny_model_dir, tmp_path_factory):
     common = ["export", "--model.model", model_dir, "--model.schedule", "SkipDecode",
               "--model.schedule.min_layers", "2", "--model.schedule.decay_tokens", "4"]
     main([*common, "--output_dir", str(root / "merged")])
-    main([*common, "--model.lora", "{r: 4, alpha: 8, dropout: 0}", "--adapter_only", "true",
+    main([*common, "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}", "--adapter_only", "true",
           "--output_dir", str(root / "adapter")])
     return root / "merged", root / "adapter"
 

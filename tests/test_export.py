@@ -50,7 +50,7 @@ def trained(tiny_model_dir, tmp_path_factory):
             model_dir, export_dir = tiny_model_dir(family), root / "export"
             cli = main(["fit", *tiny_args(
                 model_dir, root / "fit", "--data.task", "builtin", "--data.max_train_samples", "8",
-                "--model.lora", "{r: 4, alpha: 8, dropout: 0}", "--model.learning_rate", "0.02",
+                "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}", "--model.optimizer.learning_rate", "0.02",
                 "--model.generation.num_batches", "0", "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "1",
                 "--seed_everything", "1", f"--trainer.callbacks+={EXPORT_CALLBACK % export_dir}",
             )])

@@ -34,7 +34,7 @@ def fit_args(model_dir: str, run_dir: Path, *extra: str) -> list[str]:
     """Two epochs of two LoRA steps, a checkpoint and ``last.ckpt`` after each epoch, the loss logged every step."""
     return ["fit", *tiny_args(
         model_dir, run_dir, "--data.task", "builtin", "--data.max_train_samples", "8",
-        "--model.lora", "{r: 4, alpha: 8, dropout: 0}", "--model.generation.num_batches", "0",
+        "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}", "--model.generation.num_batches", "0",
         "--trainer.log_every_n_steps", "1", "--seed_everything", "3", "--trainer.max_epochs", "2",
         "--trainer.limit_val_batches", "1", f"--trainer.callbacks+={CHECKPOINT_EVERY_EPOCH}", *extra,
     )]

@@ -15,7 +15,7 @@ from skiptrain.errors import DataError, UsageError
 from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
 from skiptrain.text.batch import IGNORE_INDEX
 from skiptrain.training.integration import PairCollator, skip_aware, skip_loss
-from skiptrain.training.module import SkipLM
+from skiptrain.training.module import OptimizerSettings, SkipLM
 
 PAIRS = [{"prompt": f"Data: city[Town {i}], sky[{sky}]\nForecast:", "target": f"It is {sky} in Town {i} today."}
          for i, sky in enumerate(["sunny", "rainy", "cloudy", "windy"] * 3)]
@@ -62,7 +62,7 @@ def hf_trainer_losses(model_dir: str, tmp_path) -> list[float]:
 
 
 def skiplm_losses(model_dir: str) -> list[float]:
-    module = SkipLM(model_dir, schedule=FAMILY, learning_rate=LR, lr_schedule="constant")
+    module = SkipLM(model_dir, schedule=FAMILY, optimizer=OptimizerSettings(learning_rate=LR, lr_schedule="constant"))
     loader = DataLoader(PAIRS, batch_size=BATCH, shuffle=False,
                         collate_fn=PairCollator(load_tokenizer(model_dir), max_source_tokens=48, max_target_tokens=24))
     recorder = LossRecorder()

@@ -167,7 +167,7 @@ def test_weights_load_in_the_dtype_the_precision_implies(given, lora, override, 
 def test_a_recipe_with_precision_auto_trains_a_step_in_what_it_resolved_to(device, tiny_model_dir, tmp_path):
     device(cpu_feature="AVX512-BF16")
     cli = main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "run", "--data.task", "builtin",
-                                   "--data.max_train_samples", "8", "--model.lora", "{r: 4, alpha: 8}",
+                                   "--data.max_train_samples", "8", "--model.lora", "{r: 4, lora_alpha: 8}",
                                    "--model.generation.num_batches", "0", "--trainer.precision", "auto",
                                    "--trainer.fast_dev_run", "1")])
     assert cli.trainer.global_step == 1 and cli.trainer.precision == "bf16-mixed"
@@ -189,7 +189,7 @@ def test_model_dtype_overrides_what_the_precision_implies(tiny_model_dir, tmp_pa
 def test_a_run_starts_with_its_own_facts_and_no_third_party_noise(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = tiny_args(tiny_model_dir("llama"), run_dir, "--data.task", "builtin", "--data.max_train_samples", "8",
-                     "--model.lora", "{r: 4, alpha: 8}", "--model.generation.num_batches", "0",
+                     "--model.lora", "{r: 4, lora_alpha: 8}", "--model.generation.num_batches", "0",
                      "--trainer.enable_model_summary", "true", "--trainer.precision", "32-true",
                      "--trainer.max_steps", "2", "--trainer.log_every_n_steps", "1",
                      "--trainer.limit_val_batches", "1", "--trainer.num_sanity_val_steps", "0")

@@ -21,13 +21,13 @@ from skiptrain import Dense, SkipSchedule, generate, load_exported, skip_forward
 from skiptrain.cli.app import main  # noqa: E402
 from skiptrain.export.format import SCHEDULE_FILE  # noqa: E402
 from skiptrain.training.module import SkipLM  # noqa: E402
-from skiptrain.training.sources import load_trained_model, resolve_source  # noqa: E402
+from skiptrain.training.sources import load_trained_model, resolve_weights_source  # noqa: E402
 
 NUM_LAYERS = 4
 # bitsandbytes' CPU kernels need layers at least one 64-wide quantization block wide
 WIDTH = 64
 QUANTIZATION = "{bits: 4, type: nf4, double_quant: true, compute_dtype: float32}"
-LORA = "{r: 4, alpha: 8, dropout: 0}"
+LORA = "{r: 4, lora_alpha: 8, lora_dropout: 0}"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def qlora_run(model_dir, tmp_path_factory):
             path, export_dir = model_dir(family), root / "export"
             cli = main(["fit", *tiny_args(
                 path, root / "fit", "--data.task", "builtin", "--data.max_train_samples", "12",
-                "--model.lora", LORA, "--model.quantization", QUANTIZATION, "--model.learning_rate", "0.02",
+                "--model.lora", LORA, "--model.quantization", QUANTIZATION, "--model.optimizer.learning_rate", "0.02",
                 "--model.generation.num_batches", "0", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
                 "--trainer.log_every_n_steps", "1", "--seed_everything", "1",
                 f"--trainer.callbacks+={EXPORT_CALLBACK % export_dir}",
@@ -155,7 +155,7 @@ def test_an_adapter_export_and_the_checkpoint_give_back_the_trained_model(qlora_
     reference = AutoModelForCausalLM.from_pretrained(run.export_dir).eval()
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask).logits
-        for model in (load_exported(adapter_dir).model, load_trained_model(resolve_source(ckpt)).eval()):
+        for model in (load_exported(adapter_dir).model, load_trained_model(resolve_weights_source(ckpt)).eval()):
             torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, expected, atol=1e-5, rtol=0)
 
 

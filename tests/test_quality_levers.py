@@ -15,8 +15,8 @@ from skiptrain.modeling.loading import load_causal_lm
 from skiptrain.text.batch import collate
 from skiptrain.training.checkpoints import CheckpointError
 from skiptrain.training.losses import distillation_kl, hidden_state_mse, target_cross_entropy
-from skiptrain.training.module import Curriculum, Distillation, LoraSettings, SkipLM
-from skiptrain.training.sources import load_trained_model, resolve_source
+from skiptrain.training.module import Curriculum, Distillation, SkipLM
+from skiptrain.training.sources import load_trained_model, resolve_weights_source
 
 
 # -- losses --------------------------------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ def hf_target_logits(model: torch.nn.Module, batch: dict) -> torch.Tensor:
 
 def perturbed_lora_module(model_dir: str, teacher: str) -> SkipLM:
     module = SkipLM(model=model_dir, schedule=SkipDecode(min_layers=2, decay_tokens=3),
-                    lora=LoraSettings(r=2, alpha=4, dropout=0.3), distillation=Distillation(teacher=teacher))
+                    lora={"r": 2, "lora_alpha": 4, "lora_dropout": 0.3}, distillation=Distillation(teacher=teacher))
     module.configure_model()
     with torch.no_grad():  # non-zero adapters, so the trained weights differ from the base
         for name, parameter in module.model.named_parameters():
@@ -169,7 +169,8 @@ def dense_run(tiny_model_dir, tmp_path_factory):
     """A short dense LoRA fit of the tiny llama: its checkpoint and its export."""
     run = tmp_path_factory.mktemp("dense")
     args = tiny_args(tiny_model_dir("llama"), run / "fit", "--data.task", "builtin", "--data.max_train_samples", "8",
-                     "--model.lora", "{r: 4, alpha: 8, dropout: 0}", "--model.learning_rate", "0.05",
+                     "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}",
+                     "--model.optimizer.learning_rate", "0.05",
                      "--model.generation.num_batches", "0", "--trainer.max_steps", "2")
     at = args.index("--model.schedule")
     args[at:at + 6] = ["--model.schedule", "Dense"]  # tiny_args' SkipDecode and its two parameters
@@ -177,7 +178,7 @@ def dense_run(tiny_model_dir, tmp_path_factory):
     (checkpoint,) = (run / "fit").rglob("*.ckpt")
     export = run / "export"
     main(["export", "--model.model", tiny_model_dir("llama"), "--model.schedule", "Dense",
-          "--model.lora", "{r: 4, alpha: 8, dropout: 0}", "--ckpt_path", str(checkpoint),
+          "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}", "--ckpt_path", str(checkpoint),
           "--output_dir", str(export), "--trainer.accelerator", "cpu"])
     return checkpoint, export
 
@@ -193,8 +194,8 @@ def test_two_stage_initialisation_loads_exactly_the_dense_runs_weights(source, d
     checkpoint, export = dense_run
     expected = dense_run_weights(checkpoint)
     module = SkipLM(model=tiny_model_dir("llama"), schedule=SkipDecode(min_layers=2, decay_tokens=3),
-                    lora=LoraSettings(r=2, alpha=4, dropout=0), init_from=str(checkpoint if source == "checkpoint"
-                                                                                  else export))
+                    lora={"r": 2, "lora_alpha": 4, "lora_dropout": 0},
+                    init_from=str(checkpoint if source == "checkpoint" else export))
     module.configure_model()
     loaded = module.model.get_base_model().state_dict()
     base_keys = {k.replace(".base_layer", ""): v for k, v in loaded.items() if "lora_" not in k}
@@ -216,12 +217,12 @@ def test_a_run_of_another_architecture_is_refused(dense_run, tiny_model_dir):
 def test_teacher_from_a_run_is_frozen_and_outside_the_state_dict(dense_run, tiny_model_dir):
     checkpoint, _ = dense_run
     module = SkipLM(model=tiny_model_dir("llama"), schedule=SkipDecode(min_layers=2, decay_tokens=3),
-                    lora=LoraSettings(r=2, alpha=4), distillation=Distillation(teacher=str(checkpoint)))
+                    lora={"r": 2, "lora_alpha": 4}, distillation=Distillation(teacher=str(checkpoint)))
     module.configure_model()
     assert not any(k.startswith("_teacher") for k in module.state_dict())
     assert all(not p.requires_grad for p in module._teacher[0].parameters())
     batch = tiny_batch(module.model.config.vocab_size, module.get_tokenizer().pad_token_id)
-    reference = load_trained_model(resolve_source(checkpoint)).eval()
+    reference = load_trained_model(resolve_weights_source(checkpoint)).eval()
     with torch.no_grad():
         torch.testing.assert_close(module.teacher_targets(batch)[1], hf_target_logits(reference, batch), atol=1e-4,
                                    rtol=1e-4)

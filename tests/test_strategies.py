@@ -38,7 +38,7 @@ from skiptrain.training.checkpoints import (
     checkpoint_metadata,
     consolidate_checkpoint,
 )
-from skiptrain.training.module import LoraSettings, SkipLM
+from skiptrain.training.module import SkipLM
 from skiptrain.training.strategies import (
     ClippingFSDPPrecision,
     SkipDeepSpeedStrategy,
@@ -156,7 +156,7 @@ def test_fsdp_wraps_the_decoder_layer_class_of_every_family(family):
 
 
 def test_decoder_layer_classes_look_inside_a_lightning_module_with_lora(tiny_model_dir):
-    module = SkipLM(model=tiny_model_dir("opt"), schedule=SkipDecode(min_layers=2), lora=LoraSettings(r=2, alpha=4))
+    module = SkipLM(model=tiny_model_dir("opt"), schedule=SkipDecode(min_layers=2), lora={"r": 2, "lora_alpha": 4})
     module.configure_model()
     assert {c.__name__ for c in decoder_layer_classes(module)} == {"OPTDecoderLayer"}
     with pytest.raises(ValueError, match="no Hugging Face PreTrainedModel"):
@@ -325,10 +325,10 @@ def fit_args(model_dir: str, corpus: Path, run_dir: Path, batch_size: int, lora:
         "--model.schedule.min_layers", "2",
         "--model.schedule.decay_tokens", "6",
         "--model.schedule.prompt_depth", "max",
-        "--model.learning_rate", "1e-2",
-        "--model.lr_schedule", "constant",
+        "--model.optimizer.learning_rate", "1e-2",
+        "--model.optimizer.lr_schedule", "constant",
         "--model.generation.num_batches", "0",
-        *(["--model.lora", "{r: 4, alpha: 8, dropout: 0}"] if lora else []),
+        *(["--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}"] if lora else []),
         "--data.task", "text",
         "--data.block_size", "16",
         "--data.data_files", f"{{train: {corpus}, validation: {corpus}}}",
@@ -441,7 +441,7 @@ def check_run(run_dir: Path, lora: bool, single, tied_model_dir: str, *extra: st
 
     checkpoint = final_checkpoint(run_dir)
     module = SkipLM(model=tied_model_dir, schedule=RANK_SCHEDULE,
-                    lora=LoraSettings(r=4, alpha=8, dropout=0) if lora else None)
+                    lora={"r": 4, "lora_alpha": 8, "lora_dropout": 0} if lora else None)
     module.configure_model()
     state = consolidate_checkpoint(checkpoint, reference=module)  # complete, right shapes, no placeholders
     assert set(state) == set(reference_state)
@@ -454,7 +454,7 @@ def check_run(run_dir: Path, lora: bool, single, tied_model_dir: str, *extra: st
     assert checkpoint_metadata(checkpoint, weights_only=False)["global_step"] == STEPS
     # and the export subcommand reads the same checkpoint (sharded or not) into a plain transformers model
     fresh = SkipLM(model=tied_model_dir, schedule=RANK_SCHEDULE,
-                   lora=LoraSettings(r=4, alpha=8, dropout=0) if lora else None)
+                   lora={"r": 4, "lora_alpha": 8, "lora_dropout": 0} if lora else None)
     exported = SkipTrainer(accelerator="cpu", logger=False).export(
         fresh, ckpt_path=str(checkpoint), weights_only=False, output_dir=str(run_dir / "export"))
     plain = AutoModelForCausalLM.from_pretrained(exported).state_dict()
@@ -515,7 +515,8 @@ def test_deepspeed_zero3_offload_steps_deepspeed_cpu_adam_on_the_modules_schedul
     """Slow: JIT-compiles DeepSpeed's CPU Adam (about 3 minutes on 1 core the first time)."""
     strategy = {"class_path": "helpers.cpu_strategies.CPUDeepSpeedStrategy",
                 "init_args": {"stage": 3, "offload_optimizer": True, "offload_parameters": True, "pin_memory": False}}
-    schedule = ("--model.lr_schedule", "linear", "--model.warmup_steps", "2")  # the swapped optimizer follows it
+    # the swapped optimizer follows the schedule
+    schedule = ("--model.optimizer.lr_schedule", "linear", "--model.optimizer.warmup_steps", "2")
     torchrun(fit_args(tied_model_dir, corpus, tmp_path, 2, False, *schedule, "--trainer.strategy",
                       json.dumps(strategy)), tmp_path)
     found = check_run(tmp_path, False, single, tied_model_dir, *schedule)

@@ -10,10 +10,14 @@ import pytest
 import torch
 import yaml
 from helpers.cli_args import read_metrics, tiny_args
+from helpers.exports import EXPORT_CALLBACK, PROMPTS, left_padded
 from helpers.interrupt import SimulatedCrash
 
+from skiptrain import load_exported, skip_forward
 from skiptrain.cli.app import main
 from skiptrain.cli.progress import ProgressBar
+from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
+from skiptrain.training.metrics import EvaluationMetrics, generation_scores
 from skiptrain.training.module import SkipLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +86,7 @@ def test_fit_fast_dev_run_for_each_task_type(task, tiny_model_dir, tmp_path):
     else:
         data_args = ["--data.task", "builtin", "--data.max_train_samples", "16"]
     cli = main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "run", *data_args,
-                                   "--model.lora", "{r: 4, alpha: 8}", "--trainer.fast_dev_run", "2")])
+                                   "--model.lora", "{r: 4, lora_alpha: 8}", "--trainer.fast_dev_run", "2")])
     assert cli.trainer.state.finished
     assert cli.trainer.global_step == 2
     logged = cli.trainer.logged_metrics
@@ -111,7 +115,8 @@ def test_the_progress_bar_counts_epochs_only_when_they_bound_the_run(bound, labe
 
 
 def test_validate_from_checkpoint_and_resume_continues_identically(tiny_model_dir, tmp_path):
-    common = ["--data.task", "builtin", "--data.max_train_samples", "8", "--model.lora", "{r: 4, alpha: 8, dropout: 0}",
+    common = ["--data.task", "builtin", "--data.max_train_samples", "8",
+              "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}",
               "--model.generation.num_batches", "0", "--trainer.log_every_n_steps", "1", "--seed_everything", "3"]
     model_dir = tiny_model_dir("llama")
     # uninterrupted: two epochs of two steps
@@ -142,7 +147,7 @@ def test_validate_from_checkpoint_and_resume_continues_identically(tiny_model_di
 
 def test_distillation_bf16_and_activation_checkpointing(tiny_model_dir, tmp_path):
     cli = main(["fit", *tiny_args(tiny_model_dir("llama"), tmp_path / "run", "--data.task", "builtin",
-                                   "--data.max_train_samples", "8", "--model.lora", "{r: 4, alpha: 8}",
+                                   "--data.max_train_samples", "8", "--model.lora", "{r: 4, lora_alpha: 8}",
                                    "--model.distillation", "{weight: 0.5, temperature: 2.0}",
                                    "--model.activation_checkpointing", "true", "--trainer.precision", "bf16-mixed",
                                    "--model.generation.num_batches", "0", "--trainer.fast_dev_run", "2")])
@@ -242,3 +247,58 @@ def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragments, sc
     assert study_training["data"].pop("max_train_samples") is None
     assert Path(study_training["data"]["data_files"]["train"]).name == f"trainset_{pairs}.csv"
     assert recipe_training == study_training
+
+
+LORA_VARIANTS = {
+    "all_linear": "{r: 4, lora_alpha: 8, lora_dropout: 0, target_modules: all-linear}",
+    "dora": "{r: 4, lora_alpha: 8, lora_dropout: 0, use_dora: true}",
+    "rslora": "{r: 4, lora_alpha: 8, lora_dropout: 0, use_rslora: true}",
+}
+
+
+@pytest.mark.parametrize("variant", sorted(LORA_VARIANTS))
+def test_peft_lora_variants_train_and_export_to_the_training_forward(variant, tiny_model_dir, tmp_path):
+    """peft's own LoraConfig fields reach peft: a step of all-linear, DoRA or rsLoRA adapters trains, and the merged
+    export's skip-aware forward equals the training forward."""
+    model_dir, export_dir = tiny_model_dir("llama"), tmp_path / "export"
+    cli = main(["fit", *tiny_args(
+        model_dir, tmp_path / "fit", "--data.task", "builtin", "--data.max_train_samples", "4",
+        "--model.lora", LORA_VARIANTS[variant], "--model.optimizer.learning_rate", "0.05",
+        "--model.generation.num_batches", "0", "--trainer.max_steps", "1", "--trainer.limit_val_batches", "1",
+        f"--trainer.callbacks+={EXPORT_CALLBACK % export_dir}")])
+    module = cli.model
+    config = module.model.peft_config["default"]
+    adapted = {name.rsplit(".", 1)[-1] for name, m in module.model.named_modules() if hasattr(m, "lora_A")}
+    if variant == "all_linear":  # every linear layer but the LM head: the seven projections the recipes name
+        assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    else:
+        assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj"}  # the architecture's default
+    assert config.use_dora is (variant == "dora") and config.use_rslora is (variant == "rslora")
+    if variant == "rslora":
+        layer = module.model.base_model.model.model.layers[0].self_attn.q_proj
+        assert layer.scaling["default"] == pytest.approx(8 / 4 ** 0.5)
+
+    tokenizer = load_tokenizer(model_dir)
+    ids, mask = left_padded(tokenizer, PROMPTS)
+    ids, mask = torch.cat([ids, torch.arange(10, 16).repeat(len(PROMPTS), 1)], 1), torch.cat(
+        [mask, torch.ones(len(PROMPTS), 6, dtype=mask.dtype)], 1)
+    prompt_length = ids.shape[1] - 6
+    exported = load_exported(export_dir)
+    with torch.no_grad():
+        training = skip_forward(module.model.eval(), ids, mask, module.schedule, prompt_length)
+        loaded = skip_forward(exported.model, ids, mask, exported.schedule, prompt_length)
+        base = skip_forward(load_causal_lm(model_dir).eval(), ids, mask, module.schedule, prompt_length)
+    torch.testing.assert_close(loaded, training, atol=1e-5, rtol=0)
+    assert not torch.allclose(loaded, base), "the step changed nothing"
+
+
+def test_generation_metrics_are_on_the_0_100_scale():
+    metrics = EvaluationMetrics("both")
+    metrics.update_text(["the cat sat on the mat today"], [["the cat sat on the mat today", "a dog"]])
+    values = metrics.compute()
+    assert values["bleu"] == pytest.approx(100) and values["rougeL"] == pytest.approx(100)
+    assert metrics.compute() == {}, "compute resets for the next epoch"
+    partial = generation_scores(["the cat sat"], [["the cat sat on the mat today"]], "rouge")
+    assert 1 < partial["rouge1"] < 100 and set(partial) == {"rouge1", "rouge2", "rougeL"}
+    assert generation_scores(["the cat sat on the mat today"], [["the cat sat on the mat today"]], "bleu") == {
+        "bleu": pytest.approx(100)}

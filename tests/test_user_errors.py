@@ -48,7 +48,8 @@ def inputs(tiny_model_dir, tmp_path_factory) -> Inputs:
     root = tmp_path_factory.mktemp("inputs")
     model = tiny_model_dir("llama")
     main(["fit", *tiny_args(model, root / "fit", "--data.task", "builtin", "--data.max_train_samples", "4",
-                            "--model.lora", "{r: 4, alpha: 8, dropout: 0}", "--model.generation.num_batches", "0",
+                            "--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}",
+                            "--model.generation.num_batches", "0",
                             "--trainer.max_steps", "1", "--trainer.limit_val_batches", "1")])
     (ckpt,) = (root / "fit").rglob("*.ckpt")
     main(["export", "--model.model", model, "--ckpt_path", str(ckpt), "--output_dir", str(root / "export")])
@@ -198,7 +199,7 @@ def without_tokenizer_files(export: Path) -> None:
         (export / name).unlink(missing_ok=True)
 
 
-LORA = ("--model.lora", "{r: 4, alpha: 8, dropout: 0}")
+LORA = ("--model.lora", "{r: 4, lora_alpha: 8, lora_dropout: 0}")
 QUANTIZATION = ("--model.quantization", "{bits: 4, type: nf4}")
 FSDP = json.dumps({"class_path": "skiptrain.training.strategies.SkipFSDPStrategy"})
 ZERO3 = json.dumps({"class_path": "skiptrain.training.strategies.SkipDeepSpeedStrategy", "init_args": {"stage": 3}})
@@ -240,8 +241,8 @@ CASES = [
     Case("schedule_unknown_family", fit(schedule=family("Turbo")), USAGE, "Turbo"),
     # configuration
     Case("unknown_option", fit("--model.schedule.min_layer", "3"), USAGE, "min_layer"),
-    Case("lr_schedule", fit("--model.lr_schedule", "step"), USAGE, "lr_schedule"),
-    Case("learning_rate", fit("--model.learning_rate", "-1"), USAGE, "learning_rate=-1"),
+    Case("lr_schedule", fit("--model.optimizer.lr_schedule", "step"), USAGE, "lr_schedule"),
+    Case("learning_rate", fit("--model.optimizer.learning_rate", "-1"), USAGE, "learning_rate=-1"),
     Case("distillation_temperature", fit("--model.distillation", "{temperature: 0}"), USAGE,
          "distillation.temperature=0"),
     Case("distillation_hidden_weight", fit("--model.distillation", "{hidden_weight: -1}"), USAGE,
@@ -265,10 +266,20 @@ CASES = [
     Case("precision", fit("--trainer.precision", "7"), USAGE, "precision"),
     Case("model_dtype", fit("--model.dtype", "float8"), USAGE, "dtype"),
     Case("lora_rank_zero", fit("--model.lora", "{r: 0}"), USAGE, "lora.r=0"),
-    Case("lora_dropout_one", fit("--model.lora", "{dropout: 1}"), USAGE, "lora.dropout=1"),
+    Case("lora_dropout_one", fit("--model.lora", "{lora_dropout: 1}"), USAGE, "lora.lora_dropout=1"),
     Case("lora_target_unknown", fit("--model.lora", "{target_modules: [nonexistent_proj]}"), USAGE,
          "['nonexistent_proj'] match no linear layer of model_type='llama': allowed ['down_proj', 'gate_proj', "
          "'k_proj', 'lm_head', 'o_proj', 'q_proj', 'up_proj', 'v_proj']"),
+    Case("lora_former_name", fit("--model.lora", "{r: 4, alpha: 8}"), USAGE,
+         "lora.alpha is now lora.lora_alpha (peft LoraConfig's name)"),
+    Case("lora_not_a_field", fit("--model.lora", "{rank: 4}"), USAGE,
+         "lora.rank is not a field of peft's LoraConfig: allowed ['r', 'target_modules',"),
+    Case("lora_regex_matches_nothing", fit("--model.lora", "{target_modules: '.*nothing_proj'}"), USAGE,
+         "lora.target_modules='.*nothing_proj' is invalid: the regex matches no module of model_type='llama'"),
+    Case("moved_option", fit("--model.learning_rate", "0.1"), USAGE,
+         "model.learning_rate is now model.optimizer.learning_rate"),
+    Case("moved_option_in_config", fit("--config", "{tmp}/old.yaml"), USAGE,
+         "model.warmup_steps is now model.optimizer.warmup_steps", write("old.yaml", "model:\n  warmup_steps: 3\n")),
     Case("optimizer", fit("--optimizer", "torch.optim.SGD", "--optimizer.lr", "0.1"), USAGE,
          "--optimizer is not an option of skiptrain: the optimizer is AdamW"),
     Case("lr_scheduler", fit("--lr_scheduler=StepLR"), USAGE, "--lr_scheduler is not an option of skiptrain"),

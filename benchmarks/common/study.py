@@ -12,7 +12,7 @@ from skiptrain.cli.app import main
 from skiptrain.cli.lightning_cli import SkipCLI
 from skiptrain.modeling.loading import load_causal_lm
 from skiptrain.text.encoding import encode_prompts
-from skiptrain.training.sources import load_trained_model, resolve_source
+from skiptrain.training.sources import load_trained_model, resolve_weights_source
 
 
 def study_config(configs: Sequence[str], data_file: str | None = None) -> SkipCLI:
@@ -29,7 +29,7 @@ def load_model(cli: SkipCLI, checkpoint: str | None) -> nn.Module:
     """The configured base model, or a run's model with LoRA merged (as in an export), in eval mode."""
     if checkpoint is None:
         return load_causal_lm(cli.model.model_name).eval()
-    return load_trained_model(resolve_source(checkpoint)).eval()
+    return load_trained_model(resolve_weights_source(checkpoint)).eval()
 
 
 def test_prompts(cli: SkipCLI) -> tuple[list[str], list[str], list[list[str]]]:

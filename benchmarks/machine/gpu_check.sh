@@ -103,7 +103,7 @@ fit() {  # fit NAME STRATEGY_JSON [extra args]: STEPS steps = one epoch, then va
     local t0=$SECONDS
     "$PY" -m skiptrain fit \
         --model.model "$MODEL" "${SCHEDULE[@]}" \
-        --model.learning_rate 1e-4 --model.warmup_steps 5 \
+        --model.optimizer.learning_rate 1e-4 --model.optimizer.warmup_steps 5 \
         --model.activation_checkpointing true \
         --model.generation.max_new_tokens 32 --model.generation.num_batches 1 \
         --data.task builtin --data.max_train_samples $((STEPS * BATCH)) --data.max_eval_samples 16 \

@@ -39,13 +39,14 @@ def run_case(model: str, dtype: str, steps: int, batch_size: int, length: int) -
     from skiptrain.core.schedules import SkipDecode
     from skiptrain.modeling.architectures import architecture
     from skiptrain.training.losses import target_cross_entropy
-    from skiptrain.training.module import LoraSettings, SkipLM
+    from skiptrain.training.module import SkipLM
 
     max_layers, min_layers, decay = SCHEDULE[model]
     schedule = SkipDecode(max_layers=max_layers, min_layers=min_layers, decay_tokens=decay)
     started = time.perf_counter()
     if model == "quickstart":
-        module = SkipLM("smollm2-135m-instruct", schedule, lora=LoraSettings(r=16, alpha=32, dropout=0.0), dtype=dtype)
+        module = SkipLM("smollm2-135m-instruct", schedule, lora={"r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
+                        dtype=dtype)
         module.configure_model()
     else:
         config = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -53,7 +54,8 @@ def run_case(model: str, dtype: str, steps: int, batch_size: int, length: int) -
                              tie_word_embeddings=True, rope_theta=500000.0)
         torch.manual_seed(0)
         base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=getattr(torch, dtype))
-        module = SkipLM("random-llama-1b", schedule, lora=LoraSettings(r=16, alpha=32, dropout=0.0), dtype=dtype)
+        module = SkipLM("random-llama-1b", schedule, lora={"r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
+                        dtype=dtype)
         targets = list(architecture("llama").lora_targets)  # what configure_model gives the quickstart
         lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM")
         module.model = get_peft_model(base.train(), lora)

@@ -34,7 +34,7 @@ def subcommand_of(args: Sequence[str]) -> str:
     return next((arg for arg in args if arg in SUBCOMMANDS), "")
 
 
-def error_line(subcommand: str, error: BaseException) -> str:
+def error_line(subcommand: str, error: BaseException | str) -> str:
     """``skiptrain <subcommand>: error: <message>``, on one line."""
     program = f"skiptrain {subcommand}" if subcommand else "skiptrain"
     return f"{program}: error: {' '.join(str(error).split())}"
@@ -71,7 +71,7 @@ def main(args: list[str] | None = None, run: bool = True) -> Any:
         user_error = _user_error(err)
         if user_error is None or os.environ.get(DEBUG_VARIABLE, "0") not in ("", "0"):
             raise
-        print(error_line(subcommand_of(given), user_error), file=sys.stderr)
+        print(error_line(subcommand_of(given), _moved_option(user_error) or user_error), file=sys.stderr)
         raise SystemExit(exit_code(user_error)) from None
 
 
@@ -80,6 +80,15 @@ def user_errors() -> tuple[type[BaseException], ...]:
     loaded (a command that never loads it cannot raise them)."""
     lightning = sys.modules.get("skiptrain.cli.lightning_cli")
     return (SkiptrainError, PromptFormatError, ArgumentError, *(lightning.USER_ERRORS if lightning else ()))
+
+
+def _moved_option(error: BaseException) -> str | None:
+    """For an option refused because it moved (e.g. ``model.learning_rate``), the line naming where it is now."""
+    if not isinstance(error, ArgumentError) or "skiptrain.cli.lightning_cli" not in sys.modules:
+        return None
+    from skiptrain.training.settings import moved_option  # loaded with the training stack already
+
+    return moved_option(str(error))
 
 
 def _user_error(error: BaseException | None) -> BaseException | None:

@@ -34,6 +34,7 @@ from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadat
 from skiptrain.training.module import SkipLM, accept_schedule_families
 from skiptrain.training.preemption import PreemptionCheckpoint
 from skiptrain.training.runs import RUN_CONFIG_FILE
+from skiptrain.training.settings import upgrade_hparams
 from skiptrain.training.strategies import release_process_group
 
 PROGRAM = "skiptrain"
@@ -131,7 +132,8 @@ class SkipCLI(LightningCLI):
             ckpt_path = settings.ckpt_path = resolve_ckpt_path(ckpt_path, root)
         if not ckpt_path or checkpoint_layout(ckpt_path) != "file":
             return
-        hparams = dict(checkpoint_metadata(ckpt_path, settings.get("weights_only")).get("hyper_parameters") or {})
+        hparams = upgrade_hparams(checkpoint_metadata(ckpt_path, settings.get("weights_only")).get("hyper_parameters")
+                                  or {})
         hparams.pop("_instantiator", None)
         given, stored = settings.model.get("model"), hparams.get("model")
         if given and stored and given != stored:
@@ -211,9 +213,9 @@ def lightning_cli(args: list[str] | None = None, run: bool = True) -> SkipCLI:
 
 NOT_OPTIONS = {
     "--optimizer": "the optimizer is AdamW over the trainable weights, which exist only once the model is built: set "
-                   "--model.learning_rate, --model.betas and --model.weight_decay",
-    "--lr_scheduler": "the learning-rate schedule is --model.lr_schedule (cosine, linear or constant) after "
-                      "--model.warmup_steps of linear warm-up",
+                   "--model.optimizer.learning_rate, --model.optimizer.betas and --model.optimizer.weight_decay",
+    "--lr_scheduler": "the learning-rate schedule is --model.optimizer.lr_schedule (cosine, linear or constant) "
+                      "after --model.optimizer.warmup_steps of linear warm-up",
 }
 """LightningCLI's options that skiptrain leaves out, each with what to set instead."""
 

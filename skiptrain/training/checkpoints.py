@@ -9,6 +9,12 @@ Three layouts reach an export:
 - an FSDP sharded directory (``.metadata``, ``*.distcp``, ``meta.pt``), written by ``torch.distributed.checkpoint``:
   its ``model`` entry is read back as full tensors without a process group (optimizer state is not read).
 
+Lightning's own consolidations are not called, as neither fits an in-memory read of the weights:
+``lightning.fabric.utilities.load._load_distributed_checkpoint`` (behind ``consolidate_checkpoint``) reads the FSDP
+optimizer states too, three times the memory of the weights, and
+``lightning.pytorch.utilities.deepspeed.convert_zero_checkpoint_to_fp32_state_dict`` writes a file and reads an
+optimizer partition; both end in the DeepSpeed and ``torch.distributed.checkpoint`` readers used here.
+
 Known ways a consolidation goes wrong are refused, never passed on: zero-element placeholders (what a ZeRO-3
 module holds outside ``GatheredParameters``, and what ``model_states.pt`` stores for every partitioned weight),
 missing keys and wrong shapes. A missing tied weight (``lm_head.weight`` sharing the input embedding) is restored

@@ -1,8 +1,8 @@
 """Score a model on its task's test split under its skip schedule and densely, as one table (``skiptrain evaluate``).
 
 Both columns come from ``trainer.test`` runs of the same module (the second one with a dense schedule): loss and
-perplexity, the task's generation metrics, and the decode cost over ``model.generation.max_new_tokens`` generated
-tokens (:mod:`skiptrain.core.speedup`).
+perplexity, the task's generation metrics (0-100, :mod:`skiptrain.training.metrics`), and the decode cost over
+``model.generation.max_new_tokens`` generated tokens (:mod:`skiptrain.core.speedup`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.utilities import rank_zero_info
 
 from skiptrain.core.schedules import Dense, SkipSchedule
+from skiptrain.training.metrics import GENERATION_METRICS
 
 if TYPE_CHECKING:
     import lightning as L
 
     from skiptrain.data.datamodule import SkipDataModule
     from skiptrain.training.module import SkipLM
-
-GENERATION_METRICS = ("rouge1", "rouge2", "rougeL", "bleu")
 
 
 def evaluation_table(scheduled: dict[str, float], dense: dict[str, float], schedule: SkipSchedule,

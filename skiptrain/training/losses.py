@@ -74,3 +74,10 @@ def hidden_state_mse(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tens
     same states; 1: as far as predicting zeros). ``teacher`` carries no gradient."""
     teacher = teacher.detach().float()
     return F.mse_loss(student.float(), teacher) / teacher.pow(2).mean().clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def mean_layers_per_target(batch: Mapping[str, Any], schedule: SkipSchedule) -> float:
+    """Mean executed layers over the labelled generated tokens of a batch (what ``schedule`` costs)."""
+    positions = (batch["labels"][:, 1:] != IGNORE_INDEX).nonzero()[:, 1] + 1 - batch["prompt_length"]
+    sizes = [len(schedule.executed_layers(int(g))) for g in positions.clamp(min=0).tolist()]
+    return sum(sizes) / max(len(sizes), 1)

@@ -7,8 +7,6 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -17,15 +15,7 @@ from jsonargparse import set_parsing_settings
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from peft import PeftModel, prepare_model_for_kbit_training
-from torchmetrics import MeanMetric
-from torchmetrics.text import ROUGEScore, SacreBLEUScore
-from transformers import (
-    BitsAndBytesConfig,
-    PretrainedConfig,
-    get_constant_schedule_with_warmup,
-    get_cosine_schedule_with_warmup,
-    get_linear_schedule_with_warmup,
-)
+from transformers import BitsAndBytesConfig, PretrainedConfig
 
 from skiptrain.core.curriculum import anneal_from_dense
 from skiptrain.core.schedules import Dense, ScheduleFamily, SkipSchedule
@@ -33,113 +23,30 @@ from skiptrain.errors import UsageError
 from skiptrain.export.format import ExportUsageError
 from skiptrain.export.record import ExportRecord
 from skiptrain.export.verify import export_config
-from skiptrain.modeling.architectures import check_lora_targets, decoder_parts
-from skiptrain.modeling.generation import SamplingConfig, generate
+from skiptrain.modeling.architectures import decoder_parts
+from skiptrain.modeling.generation import generate
 from skiptrain.modeling.loading import load_causal_lm, load_config, load_tokenizer
 from skiptrain.modeling.precision import WeightsDtype, weights_dtype
-from skiptrain.modeling.quantization import (
-    Quantization,
-    is_under,
-    quantized_weight_names,
-    require_bitsandbytes,
-    use_training_kernels,
-)
+from skiptrain.modeling.quantization import Quantization, require_bitsandbytes, use_training_kernels
 from skiptrain.text.batch import IGNORE_INDEX
 from skiptrain.training.checkpoints import consolidate_checkpoint
-from skiptrain.training.lora import LoraSettings, with_adapters
+from skiptrain.training.lora import check_targets, lora_fields, with_adapters
 from skiptrain.training.losses import (
     distillation_kl,
     hidden_state_mse,
+    mean_layers_per_target,
     target_cross_entropy,
     target_hidden,
     target_logits,
 )
-from skiptrain.training.sources import Source, load_run_weights, load_trained_model, resolve_source
+from skiptrain.training.metrics import EvaluationMetrics
+from skiptrain.training.quantized_state import WithoutQuantizedBase
+from skiptrain.training.settings import TEACHERS, Curriculum, Distillation, GenerationSettings, OptimizerSettings
+from skiptrain.training.sources import earlier_run, load_run_weights, load_trained_model, resolve_weights_source
 from skiptrain.training.strategies import check_quantization_strategy
 
-LR_SCHEDULES = {
-    "cosine": get_cosine_schedule_with_warmup,
-    "linear": get_linear_schedule_with_warmup,
-    "constant": get_constant_schedule_with_warmup,
-}
-
-
-TEACHERS = ("dense", "base")
-
-
-@dataclass
-class Distillation:
-    """Distillation of the skipped path from a teacher at full depth, added to the cross entropy: a KL term on the
-    next-token distributions and, optionally, a term matching the final hidden states (what layer-pruning work uses to
-    "heal" a shortened model).
-
-    Args:
-        weight: Weight of the KL term.
-        temperature: Softmax temperature of teacher and student in the KL term (scaled by ``T**2``).
-        hidden_weight: Weight of the hidden-state term: the mean squared error of the skipped path's final hidden
-            states (after the final norm) against the teacher's at every target token, relative to the teacher's mean
-            square (:func:`~skiptrain.training.losses.hidden_state_mse`); 0 disables it. A teacher run must have
-            the model's hidden size.
-        teacher: ``dense``: the weights being trained, run at full depth without gradient (the dense path
-            teaches the skipped path; self-distillation). ``base``: the base model with the LoRA adapters
-            disabled (needs ``lora``). Or the path of a checkpoint or export of an earlier (e.g. dense
-            fine-tuned) run, loaded once and frozen.
-    """
-
-    weight: float = 1.0
-    temperature: float = 1.0
-    teacher: str = "dense"
-    hidden_weight: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.weight < 0:
-            raise UsageError(f"distillation.weight={self.weight} is invalid: allowed >= 0")
-        if self.hidden_weight < 0:
-            raise UsageError(f"distillation.hidden_weight={self.hidden_weight} is invalid: allowed >= 0")
-        if self.temperature <= 0:
-            raise UsageError(f"distillation.temperature={self.temperature} is invalid: allowed > 0")
-        if self.teacher not in TEACHERS and not Path(self.teacher).exists():
-            raise UsageError(f"distillation.teacher={self.teacher!r} is invalid: allowed {list(TEACHERS)} or "
-                             "the path of an existing checkpoint or export")
-
-
-@dataclass
-class Curriculum:
-    """Train with a schedule that anneals from dense to ``model.schedule`` (see
-    :func:`~skiptrain.core.curriculum.anneal_from_dense`); validation and export always use the target schedule.
-
-    Args:
-        fraction: Share of the training steps over which the depth of every position shrinks linearly from all
-            layers to the target's; the rest of training uses the target schedule.
-    """
-
-    fraction: float = 0.5
-
-    def __post_init__(self) -> None:
-        if not 0 < self.fraction <= 1:
-            raise UsageError(f"curriculum.fraction={self.fraction} is invalid: allowed 0 < fraction <= 1")
-
-    def progress(self, step: int, total_steps: int) -> float:
-        """Fraction of the annealing done at optimizer step ``step`` of ``total_steps``."""
-        return min(1.0, step / max(self.fraction * total_steps, 1.0))
-
-
-@dataclass
-class GenerationSettings:
-    """Generation metrics during validation and test, with the skip-aware front-end.
-
-    Args:
-        max_new_tokens: Tokens generated per example.
-        num_batches: Evaluation batches scored by generation per epoch (0 disables, ``-1`` all).
-        metric: ``auto`` (the data module's task decides), ``rouge`` (ROUGE-1/2/L), ``bleu`` (multi-reference
-            SacreBLEU), ``both``, or ``none``.
-        sampling: Greedy by default.
-    """
-
-    max_new_tokens: int = 64
-    num_batches: int = 2
-    metric: Literal["auto", "rouge", "bleu", "both", "none"] = "auto"
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+__all__ = ["Curriculum", "Distillation", "GenerationSettings", "OptimizerSettings", "SkipLM",
+           "accept_schedule_families"]
 
 
 def accept_schedule_families() -> None:
@@ -150,7 +57,7 @@ def accept_schedule_families() -> None:
     set_parsing_settings(subclasses_enabled=[ScheduleFamily])
 
 
-class SkipLM(L.LightningModule):
+class SkipLM(WithoutQuantizedBase, L.LightningModule):
     """A causal LM fine-tuned with a position-dependent layer-skip schedule applied in its forward pass.
 
     Args:
@@ -159,7 +66,9 @@ class SkipLM(L.LightningModule):
         schedule: The skip schedule family and parameters (``SkipDecode``, ``Ranked``, ``Hierarchical``,
             ``Static``, ``Dense``); the layer count comes from the loaded model. There is no default: required, except
             when ``model`` is an export directory, whose ``skip_schedule.json`` is used.
-        lora: LoRA settings; ``null`` fine-tunes every weight.
+        lora: Fields of peft's ``LoraConfig`` (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``, which
+            may be ``all-linear``, ``use_dora``, ``use_rslora``, ...; :func:`~skiptrain.training.lora.lora_fields`);
+            ``null`` fine-tunes every weight.
         quantization: Store the frozen base weights in 4 or 8 bits with bitsandbytes and train LoRA adapters on
             them (QLoRA; needs ``lora`` and ``pip install 'skiptrain[qlora]'``); ``null`` keeps them in full precision.
         distillation: Distillation from a teacher at full depth; ``null`` disables it.
@@ -169,11 +78,7 @@ class SkipLM(L.LightningModule):
             from the first step.
         init_from: Checkpoint or export of an earlier run (e.g. dense fine-tuning) whose weights, LoRA merged,
             initialise ``model`` before this run's adapters are added: the second stage of two-stage training.
-        learning_rate: Peak learning rate of AdamW.
-        weight_decay: AdamW weight decay.
-        betas: AdamW betas.
-        warmup_steps: Linear learning-rate warm-up steps.
-        lr_schedule: Decay after warm-up: ``cosine``, ``linear`` or ``constant``.
+        optimizer: AdamW and its learning-rate schedule.
         activation_checkpointing: Recompute decoder layers in the backward pass (``use_reentrant=False``).
         attn_implementation: ``sdpa`` or ``eager``.
         generation: Generation metrics during validation/test.
@@ -186,17 +91,13 @@ class SkipLM(L.LightningModule):
         self,
         model: str,
         schedule: ScheduleFamily | None = None,
-        lora: LoraSettings | None = None,
+        lora: dict[str, Any] | None = None,
         quantization: Quantization | None = None,
         distillation: Distillation | None = None,
         dense_loss_weight: float = 0.0,
         curriculum: Curriculum | None = None,
         init_from: str | None = None,
-        learning_rate: float = 2e-4,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
-        lr_schedule: Literal["cosine", "linear", "constant"] = "cosine",
+        optimizer: OptimizerSettings | None = None,
         activation_checkpointing: bool = False,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         generation: GenerationSettings | None = None,
@@ -207,17 +108,11 @@ class SkipLM(L.LightningModule):
             raise UsageError(f"schedule={schedule!r} is invalid: allowed a schedule family (SkipDecode, "
                              "Ranked, Hierarchical, Static, Dense), e.g. schedule=SkipDecode(min_layers=..., "
                              "max_layers=...)")
-        if lr_schedule not in LR_SCHEDULES:
-            raise UsageError(f"lr_schedule={lr_schedule!r} is invalid: allowed {sorted(LR_SCHEDULES)}")
-        if learning_rate <= 0:
-            raise UsageError(f"learning_rate={learning_rate} is invalid: allowed > 0")
-        if warmup_steps < 0:
-            raise UsageError(f"warmup_steps={warmup_steps} is invalid: allowed >= 0")
         if dense_loss_weight < 0:
             raise UsageError(f"dense_loss_weight={dense_loss_weight} is invalid: allowed >= 0")
-        init_source = _earlier_run("init_from", init_from) if init_from is not None else None
+        init_source = earlier_run("init_from", init_from) if init_from is not None else None
         teacher = distillation.teacher if distillation is not None else None
-        teacher_source = _earlier_run("distillation.teacher", teacher) if teacher not in (None, *TEACHERS) else None
+        teacher_source = earlier_run("distillation.teacher", teacher) if teacher not in (None, *TEACHERS) else None
         if distillation is not None and distillation.teacher == "base" and lora is None:
             raise UsageError("distillation.teacher='base' needs lora: the base model with adapters disabled is the "
                              "teacher; use teacher 'dense' or a checkpoint path for full fine-tuning")
@@ -229,11 +124,12 @@ class SkipLM(L.LightningModule):
             require_bitsandbytes()
         self.save_hyperparameters()
         self.model_name = model
-        self.source = resolve_source(model)
+        self.source = resolve_weights_source(model)
         self._init_source = init_source
         self._teacher_source = teacher_source
         self.schedule_family = schedule
-        self.lora = lora
+        self.lora = lora_fields(lora) if lora is not None else None
+        self.optimizer_settings = optimizer if optimizer is not None else OptimizerSettings()
         self.quantization = quantization
         self.distillation = distillation
         self.curriculum = curriculum
@@ -245,9 +141,7 @@ class SkipLM(L.LightningModule):
         self._teacher: tuple[torch.nn.Module, ...] = ()  # a frozen teacher run, kept out of state_dict and optimizer
         self._scored_schedule: SkipSchedule | None = None  # set only inside scored_under()
         self._step_started: float | None = None
-        self.val_loss = torch.nn.ModuleDict({name: MeanMetric() for name in ("skip", "dense")})
-        self.rouge: ROUGEScore | None = None
-        self.bleu: SacreBLEUScore | None = None
+        self.metrics = EvaluationMetrics()
 
     @classmethod
     def load_from_checkpoint(cls, *args: Any, **kwargs: Any) -> SkipLM:  # type: ignore[override]
@@ -264,9 +158,7 @@ class SkipLM(L.LightningModule):
         if metric == "auto":
             datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
             metric = getattr(datamodule, "metric", None) or "none"
-        # ROUGE-Lsum is left out: it needs nltk data that cannot be fetched offline.
-        self.rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL")) if metric in ("rouge", "both") else None
-        self.bleu = SacreBLEUScore() if metric in ("bleu", "both") else None
+        self.metrics = EvaluationMetrics(metric)
 
     # -- model ---------------------------------------------------------------------------------------------------
     def _schedule_family(self) -> ScheduleFamily:
@@ -305,8 +197,8 @@ class SkipLM(L.LightningModule):
         if self._model_config is None:
             self._model_config = load_config(self.model_name)
         self._schedule_family().build(self._model_config.num_hidden_layers)
-        if self.lora is not None and self.lora.target_modules:
-            check_lora_targets(self._model_config, self.lora.target_modules)
+        if self.lora is not None:
+            check_targets(self._model_config, self.lora.get("target_modules"))
         return self._model_config
 
     def weights_dtype(self) -> torch.dtype:
@@ -396,30 +288,6 @@ class SkipLM(L.LightningModule):
             return None
         return self.quantization.config(self.trainer.precision if self._trainer is not None else None)
 
-    # -- state: a QLoRA checkpoint leaves the 4-bit base out -----------------------------------------------------
-    def _quantized_weights(self) -> tuple[str, ...]:
-        return quantized_weight_names(self) if self.quantization is not None and self.model is not None else ()
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """As torch's, without quantized base weights (QLoRA): frozen, they are quantized again from ``model``."""
-        state = super().state_dict(*args, **kwargs)
-        frozen = self._quantized_weights()
-        for key in [k for k in state if is_under(k, frozen)] if frozen else ():
-            del state[key]
-        return state
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """As torch's; quantized base weights, which :meth:`state_dict` leaves out, may be missing."""
-        frozen = self._quantized_weights()
-        if not frozen:
-            return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        result = super().load_state_dict(state_dict, strict=False, assign=assign)
-        result.missing_keys[:] = [k for k in result.missing_keys if not is_under(k, frozen)]
-        if strict and (result.missing_keys or result.unexpected_keys):
-            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}: missing keys "
-                               f"{result.missing_keys}, unexpected keys {result.unexpected_keys}")
-        return result
-
     def get_tokenizer(self):
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(self.model_name)
@@ -457,13 +325,6 @@ class SkipLM(L.LightningModule):
         total = int(total) if math.isfinite(total) else self.trainer.max_steps
         return anneal_from_dense(self.schedule, self.curriculum.progress(self.trainer.global_step, total))
 
-    def mean_layers_per_target(self, batch: dict[str, Any], schedule: SkipSchedule | None = None) -> float:
-        """Mean executed layers over the labelled generated tokens of a batch (what the schedule costs)."""
-        schedule = schedule or self.schedule
-        positions = (batch["labels"][:, 1:] != IGNORE_INDEX).nonzero()[:, 1] + 1 - batch["prompt_length"]
-        sizes = [len(schedule.executed_layers(int(g))) for g in positions.clamp(min=0).tolist()]
-        return sum(sizes) / max(len(sizes), 1)
-
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         schedule = self.training_schedule()
         hidden, targets = target_hidden(self.model, batch, schedule)
@@ -486,7 +347,7 @@ class SkipLM(L.LightningModule):
                 self.log("train/hidden_mse", mse, on_step=True)
         self.log("train/loss", loss, on_step=True, prog_bar=True)
         self.log("train/ce", ce, on_step=True)
-        self.log("train/mean_layers", self.mean_layers_per_target(batch, schedule), on_step=True)
+        self.log("train/mean_layers", mean_layers_per_target(batch, schedule), on_step=True)
         return loss
 
     def on_fit_start(self) -> None:
@@ -527,35 +388,16 @@ class SkipLM(L.LightningModule):
             return
         dense = Dense().build(self.schedule.num_layers)
         for name, schedule in (("skip", self.scored_schedule), ("dense", dense)):
-            loss = target_cross_entropy(*self.target_logits(batch, schedule))
-            self.val_loss[name].update(loss, weight)
-        if self.generation.num_batches != 0 and (self.rouge or self.bleu) and "references" in batch:
-            if self.generation.num_batches < 0 or batch_idx < self.generation.num_batches:
-                predictions = self.generate_text(batch["prompt_input_ids"], batch["prompt_attention_mask"])
-                if self.rouge is not None:
-                    self.rouge.update(predictions, [refs[0] for refs in batch["references"]])
-                if self.bleu is not None:
-                    self.bleu.update(predictions, batch["references"])
+            self.metrics.update_loss(name, target_cross_entropy(*self.target_logits(batch, schedule)), weight)
+        batches = self.generation.num_batches
+        if self.metrics.scores_text and "references" in batch and (batches < 0 or batch_idx < batches):
+            predictions = self.generate_text(batch["prompt_input_ids"], batch["prompt_attention_mask"])
+            self.metrics.update_text(predictions, batch["references"])
 
     def _log_evaluation(self, stage: str) -> None:
-        losses = {}
-        for name, metric in self.val_loss.items():
-            if metric.update_count == 0:
-                continue
-            losses[name] = metric.compute()
-            metric.reset()
-            self.log(f"{stage}/loss_{name}", losses[name], prog_bar=name == "skip", sync_dist=False)
-            self.log(f"{stage}/ppl_{name}", torch.exp(losses[name]))
-        if len(losses) == 2:
-            self.log(f"{stage}/ppl_gap", torch.exp(losses["skip"]) - torch.exp(losses["dense"]))
-        if self.rouge is not None and self.rouge.update_count:
-            for key, value in self.rouge.compute().items():
-                if key.endswith("_fmeasure"):
-                    self.log(f"{stage}/{key.removesuffix('_fmeasure')}", value)
-            self.rouge.reset()
-        if self.bleu is not None and self.bleu.update_count:
-            self.log(f"{stage}/bleu", self.bleu.compute())
-            self.bleu.reset()
+        """Log the epoch's :class:`~skiptrain.training.metrics.EvaluationMetrics` as ``<stage>/<name>``."""
+        for name, value in self.metrics.compute().items():
+            self.log(f"{stage}/{name}", value, prog_bar=name == "loss_skip")
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self._evaluate(batch, batch_idx, "val")
@@ -588,19 +430,4 @@ class SkipLM(L.LightningModule):
     # -- optimisation ----------------------------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.hparams.learning_rate, betas=tuple(self.hparams.betas),
-                                      weight_decay=self.hparams.weight_decay)
-        total = self.trainer.estimated_stepping_batches
-        total = int(total) if math.isfinite(total) else 10**9
-        factory = LR_SCHEDULES[self.hparams.lr_schedule]
-        kwargs = {} if self.hparams.lr_schedule == "constant" else {"num_training_steps": max(total, 1)}
-        scheduler = factory(optimizer, num_warmup_steps=self.hparams.warmup_steps, **kwargs)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def _earlier_run(field: str, path: str) -> Source:
-    """``path`` resolved as an earlier run (a checkpoint or an export); anything else is refused, naming ``field``."""
-    source = resolve_source(path)
-    if not Path(path).exists() or source.kind == "pretrained":
-        raise UsageError(f"{field}={path!r} is invalid: allowed the path of an existing checkpoint or export")
-    return source
+        return self.optimizer_settings.build(params, self.trainer.estimated_stepping_batches)

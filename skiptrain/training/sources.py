@@ -1,14 +1,15 @@
-"""Model sources: what a model name or path is, and how to load it, decided in one place.
+"""Weights sources: what a model name or path given for weights is, and how to load it, decided in one place.
 
-``model.model``, ``model.init_from`` and a distillation teacher each name a source of one of three kinds:
+``model.model``, ``model.init_from`` and a distillation teacher each name a :class:`WeightsSource` of one of three
+kinds:
 
 - ``pretrained``: a hub id, a local Hugging Face directory, a ``.gguf`` file or a bundled short name
   (:func:`~skiptrain.modeling.loading.resolve_model` says where ``from_pretrained`` looks);
 - ``export``: an export directory (``skiptrain export``), which brings its weights, schedule and tokenizer;
 - ``checkpoint``: a checkpoint of a fit run, a ``.ckpt`` file or a sharded DeepSpeed/FSDP directory.
 
-:func:`resolve_source` tells them apart; :func:`load_trained_model` loads the causal LM of an earlier run (an export
-or a checkpoint) as a plain transformers model, without building a LightningModule.
+:func:`resolve_weights_source` tells them apart; :func:`load_trained_model` loads the causal LM of an earlier run (an
+export or a checkpoint) as a plain transformers model, without building a LightningModule.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from skiptrain.core.schedules import SkipSchedule
+from skiptrain.errors import UsageError
 from skiptrain.export.format import is_export, schedule_from_export
 from skiptrain.export.load import ExportedModel, load_exported
 from skiptrain.export.write import merged_model
@@ -33,17 +35,19 @@ from skiptrain.training.checkpoints import (
     checkpoint_metadata,
     consolidate_checkpoint,
 )
-from skiptrain.training.lora import LoraSettings, with_adapters
+from skiptrain.training.lora import with_adapters
+from skiptrain.training.settings import upgrade_hparams
 
-SourceKind = Literal["pretrained", "export", "checkpoint"]
+WeightsKind = Literal["pretrained", "export", "checkpoint"]
 
 
 @dataclass(frozen=True)
-class Source:
-    """A resolved model source: its name as given and its kind."""
+class WeightsSource:
+    """Where weights come from: a name or path as given, and which kind of source it is (not to be confused with
+    :class:`~skiptrain.modeling.loading.ModelSource`, where ``from_pretrained`` looks for a pretrained one)."""
 
     name: str
-    kind: SourceKind
+    kind: WeightsKind
 
     def schedule(self) -> SkipSchedule | None:
         """The schedule an export brings (read from its ``skip_schedule.json``), or ``None`` for other kinds."""
@@ -54,26 +58,26 @@ class Source:
         return load_exported(self.name, attn_implementation=attn_implementation, dtype=dtype)
 
 
-def resolve_source(name: str | os.PathLike) -> Source:
+def resolve_weights_source(name: str | os.PathLike) -> WeightsSource:
     """What ``name`` is: an export directory, a checkpoint of a fit run, or else a pretrained model.
 
     Nothing is loaded; a pretrained name that cannot be found is refused when it is loaded, with its own message.
     """
     path = Path(name)
     if is_export(path):
-        return Source(str(name), "export")
+        return WeightsSource(str(name), "export")
     if path.is_file() and path.suffix.lower() != ".gguf":
-        return Source(str(name), "checkpoint")
+        return WeightsSource(str(name), "checkpoint")
     if path.is_dir() and not (path / "config.json").is_file():
         try:
             checkpoint_layout(path)
-            return Source(str(name), "checkpoint")
+            return WeightsSource(str(name), "checkpoint")
         except CheckpointError:
             pass  # a directory from_pretrained may still read; its loader names what is missing
-    return Source(str(name), "pretrained")
+    return WeightsSource(str(name), "pretrained")
 
 
-def load_trained_model(source: Source, attn_implementation: str = "sdpa") -> nn.Module:
+def load_trained_model(source: WeightsSource, attn_implementation: str = "sdpa") -> nn.Module:
     """The causal LM of an earlier run (an export or a checkpoint), LoRA merged, on the CPU in float32.
 
     A checkpoint's model is rebuilt from its stored hyper-parameters (``model`` and ``lora``) and given the
@@ -88,13 +92,13 @@ def load_trained_model(source: Source, attn_implementation: str = "sdpa") -> nn.
     if source.kind != "checkpoint":
         raise CheckpointError(f"{source.name!r} is neither a checkpoint of a fit run (a .ckpt file or a sharded "
                               "DeepSpeed/FSDP directory) nor an export directory")
-    hparams = checkpoint_metadata(source.name).get("hyper_parameters") or {}
+    hparams = upgrade_hparams(checkpoint_metadata(source.name).get("hyper_parameters") or {})
     if "model" not in hparams or "schedule" not in hparams:
         raise CheckpointError(f"checkpoint {source.name!r} has no SkipLM hyper-parameters (model, schedule)")
     quantization = Quantization.from_hparams(hparams.get("quantization"))
     model = load_causal_lm(str(hparams["model"]), attn_implementation=attn_implementation,
                            quantization_config=quantization and quantization.config())
-    lora = LoraSettings.from_hparams(hparams.get("lora"))
+    lora = hparams.get("lora")
     if lora is not None:
         model = with_adapters(model, lora)
     if quantization is None:
@@ -115,7 +119,7 @@ def _load_without_quantized_weights(model: nn.Module, state: dict, name: str) ->
                               f"{result.unexpected_keys}")
 
 
-def load_run_weights(model: nn.Module, source: Source) -> None:
+def load_run_weights(model: nn.Module, source: WeightsSource) -> None:
     """Copy the weights of an earlier run (see :func:`load_trained_model`) into ``model``, which must match them.
 
     Raises:
@@ -126,3 +130,11 @@ def load_run_weights(model: nn.Module, source: Source) -> None:
         model.load_state_dict(trained.state_dict())
     except RuntimeError as err:  # missing, unexpected or mis-shaped tensors, each named by torch
         raise CheckpointError(f"init_from={source.name!r} does not fit the model: {err}") from err
+
+
+def earlier_run(field: str, path: str) -> WeightsSource:
+    """``path`` resolved as an earlier run (a checkpoint or an export); anything else is refused, naming ``field``."""
+    source = resolve_weights_source(path)
+    if not Path(path).exists() or source.kind == "pretrained":
+        raise UsageError(f"{field}={path!r} is invalid: allowed the path of an existing checkpoint or export")
+    return source
