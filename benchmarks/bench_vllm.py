@@ -43,7 +43,7 @@ def prompt_ids(export: Path, count: int) -> list[list[int]]:
     """The prompts training made from the first ``count`` test sources (the export's recorded prompt format)."""
     from transformers import AutoTokenizer
 
-    from skiptrain.text.prompt_format import PromptFormat
+    from skiptrain.shipped.prompt_format import PromptFormat
 
     recorded = json.loads((export / "skip_schedule.json").read_text())["prompt_format"]
     return PromptFormat.from_dict(recorded).encode(AutoTokenizer.from_pretrained(str(export)), sources(count))[1]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib
 import itertools
 import json
 import random
+import re
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,9 +27,13 @@ from transformers import (
     pipeline,
 )
 
+import skiptrain.shipped
 from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forward
 from skiptrain.core.schedules import ScheduleError, SkipSchedule
-from skiptrain.export.custom_generate import (
+from skiptrain.export.format import CUSTOM_GENERATE_FILE
+from skiptrain.modeling.architectures import ARCHITECTURES
+from skiptrain.modeling.loading import load_tokenizer
+from skiptrain.shipped.generate import (
     DECODER_LAYERS,
     SkipCache,
     SkipScheduleError,
@@ -38,9 +42,6 @@ from skiptrain.export.custom_generate import (
     skipping,
     sliding_window_of,
 )
-from skiptrain.export.format import CUSTOM_GENERATE_FILE, PROMPT_FORMAT_FILE
-from skiptrain.modeling.architectures import ARCHITECTURES
-from skiptrain.modeling.loading import load_tokenizer
 
 HF_FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2", "qwen3", "gemma2", "gemma3_text", "phi3")
 FULL_ATTENTION_FAMILIES = tuple(f for f in HF_FAMILIES if sliding_window_of(tiny_config(f)) is None)
@@ -315,21 +316,35 @@ def test_a_forward_set_on_a_layer_instance_is_gated_and_then_restored(export):
     assert vars(layer)["forward"] is hooked
 
 
-def test_the_export_ships_a_self_contained_copy(export):
-    shipped = export("llama") / CUSTOM_GENERATE_FILE
-    shipped_sources = {shipped: "skiptrain.export.custom_generate",  # generate.py imports its sibling
-                       shipped.parent / PROMPT_FORMAT_FILE: "skiptrain.text.prompt_format"}
-    for copy, module in shipped_sources.items():
-        source = Path(importlib.import_module(module).__file__)
-        assert copy.read_text() == source.read_text()
-        tree = ast.parse(source.read_text())
-        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                    for alias in node.names}
-        imported |= {("." if node.level else "") + node.module.split(".")[0] for node in ast.walk(tree)
-                     if isinstance(node, ast.ImportFrom)}
-        assert "skiptrain" not in imported and imported <= {"__future__", "functools", "collections", "contextlib",
-                                                             "typing", "torch", "transformers", "json", "re",
-                                                             "dataclasses", ".prompt_format"}
+SHIPPED_IMPORTS = {"__future__", "collections", "contextlib", "dataclasses", "functools", "json", "re", "typing",
+                   "torch", "transformers"}
+"""What the shipped modules may import besides each other: the standard library, torch and transformers."""
+
+
+def absolute_imports(tree: ast.Module) -> set[str]:
+    """The top-level packages a module imports (relative imports aside)."""
+    return {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+            for alias in node.names} | {node.module.split(".")[0] for node in ast.walk(tree)
+                                        if isinstance(node, ast.ImportFrom) and not node.level}
+
+
+def test_the_export_ships_the_shipped_package_byte_for_byte(export):
+    folder = (export("llama") / CUSTOM_GENERATE_FILE).parent
+    package = Path(skiptrain.shipped.__file__).parent
+    modules = sorted(path.name for path in package.glob("*.py"))
+    assert {"generate.py", "prompt_format.py"} <= set(modules)
+    assert sorted(path.name for path in folder.iterdir()) == modules, "the package, and nothing else"
+    for name in modules:
+        text = (package / name).read_text()
+        assert (folder / name).read_bytes() == (package / name).read_bytes(), name
+        tree = ast.parse(text)
+        assert absolute_imports(tree) <= SHIPPED_IMPORTS, f"{name} imports {absolute_imports(tree) - SHIPPED_IMPORTS}"
+        siblings = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
+        assert all(f"{module}.py" in modules for module in siblings), f"{name}: only `from .sibling import`"
+        # transformers copies a sibling into its module cache when it finds `from .sibling import` in the text
+        assert len(re.findall(r"^\s*from\s+\.(\S+)\s+import", text, re.MULTILINE)) == len(siblings), name
+    prompt_format = ast.parse((package / "prompt_format.py").read_text())
+    assert not absolute_imports(prompt_format) & {"torch", "transformers"}, "the data pipeline imports it"
     card = (export("llama") / "README.md").read_text()
     assert 'AutoModelForCausalLM.from_pretrained("path/to/this/export", trust_remote_code=True)' in card
     config = json.loads((export("llama") / "config.json").read_text())

@@ -20,8 +20,8 @@ from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import DataError, UsageError
 from skiptrain.export.format import read_record
 from skiptrain.modeling.loading import load_tokenizer
+from skiptrain.shipped.prompt_format import PromptFormat, PromptFormatError
 from skiptrain.text.batch import collate_prompts
-from skiptrain.text.prompt_format import PromptFormat, PromptFormatError
 from skiptrain.training.module import SkipLM
 
 EXPORT = '{"class_path": "skiptrain.callbacks.export.ExportCallback", "init_args": {"output_dir": "%s"}}'

@@ -7,11 +7,11 @@ import pytest
 import torch
 from helpers.tiny_models import ARCHITECTURES, left_padded_batch, tiny_config, tiny_model
 
-import skiptrain.export.custom_generate as shared
+import skiptrain.shipped.generate as shared
 from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate
 from skiptrain.errors import UsageError
-from skiptrain.export.custom_generate import sampled_acceptance, sliding_window_of, speedup_bound
 from skiptrain.frontends.speculative import SkipSteps, speculative_generate
+from skiptrain.shipped.generate import sampled_acceptance, sliding_window_of, speedup_bound
 
 LAYERS = 6
 NEW_TOKENS = 12

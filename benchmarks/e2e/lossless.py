@@ -28,9 +28,9 @@ import torch
 
 from benchmarks.common import load_model, study_config, test_prompts
 from skiptrain import Dense, generate
-from skiptrain.export.custom_generate import SpeculationStats, speedup_bound
 from skiptrain.frontends.inference import prompt_batches
 from skiptrain.frontends.speculative import speculative_generate
+from skiptrain.shipped.generate import SpeculationStats, speedup_bound
 
 TRAIN_BASE = "benchmarks/e2e/train_base.yaml"
 TEST_FILE = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"

@@ -59,7 +59,7 @@ from skiptrain.frontends.speculative import check_draft_tokens, check_full_atten
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
 from skiptrain.modeling.precision import resolve_precision
-from skiptrain.text.prompt_format import PromptFormat
+from skiptrain.shipped.prompt_format import PromptFormat
 from skiptrain.training.calibrate import Calibration, CalibrationRequest, calibrate, validation_batches
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
 from skiptrain.training.evaluation import evaluate_against_dense

@@ -30,7 +30,7 @@ from skiptrain.export.format import SCHEDULE_FILE
 from skiptrain.export.record import producer
 from skiptrain.frontends.inference import RAW, prompt_batches, prompt_text
 from skiptrain.modeling.generation import generate
-from skiptrain.text.prompt_format import PromptFormat, Source
+from skiptrain.shipped.prompt_format import PromptFormat, Source
 
 FORMAT = "skiptrain.conformance"
 VERSION = 1

@@ -1,7 +1,7 @@
 """Batched completion of raw prompts with the skip-aware front-end, and what it costs (``skiptrain generate``).
 
 Prompts are read (:func:`read_prompts`), made into prompt ids by the run's prompt format as training made them
-(:class:`~skiptrain.text.prompt_format.PromptFormat`; raw prompts are used as given), left-padded per batch by the
+(:class:`~skiptrain.shipped.prompt_format.PromptFormat`; raw prompts are used as given), left-padded per batch by the
 batch contract (:func:`~skiptrain.text.batch.collate_prompts`) and decoded by
 :func:`~skiptrain.modeling.generation.generate`. The cost is reported in :class:`DecodeStats`: wall time, and the mean
 executed decoder layers and ideal speedup over the tokens actually generated (:mod:`skiptrain.core.speedup`). The
@@ -30,13 +30,13 @@ from torch import nn
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.core.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
 from skiptrain.errors import PromptError, UsageError
-from skiptrain.export.custom_generate import SpeculationStats, speedup_bound
 from skiptrain.frontends.speculative import StepSeconds, speculative_generate
 from skiptrain.modeling.architectures import decoder_parts
 from skiptrain.modeling.generation import SamplingConfig, generate
+from skiptrain.shipped.generate import SpeculationStats, speedup_bound
+from skiptrain.shipped.prompt_format import PromptFormat, Source
 from skiptrain.text.batch import collate_prompts
 from skiptrain.text.encoding import tokenize_prompts
-from skiptrain.text.prompt_format import PromptFormat, Source
 
 STDIO = "-"
 RAW = PromptFormat()

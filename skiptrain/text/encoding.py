@@ -1,6 +1,6 @@
 """Tokenisation of prompt/target pairs and of plain text (pure functions over a Hugging Face tokenizer).
 
-Prompts are made by the run's :class:`~skiptrain.text.prompt_format.PromptFormat` (template fields, chat template,
+Prompts are made by the run's :class:`~skiptrain.shipped.prompt_format.PromptFormat` (template fields, chat template,
 special tokens; only the last field is ever trimmed to fit ``max_source_tokens``, never the template); targets are
 tokenised in the context of their prompt and end with EOS. Plain text is cut into fixed-size blocks
 (:func:`group_into_blocks`).
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from skiptrain.errors import DataError
-from skiptrain.text.prompt_format import PromptFormat, Source, special_token_counts
+from skiptrain.shipped.prompt_format import PromptFormat, Source, special_token_counts
 
 
 def as_prompt_format(template: str | PromptFormat, max_source_tokens: int | None) -> PromptFormat:
