@@ -20,7 +20,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from skiptrain.serving.vllm_plugin import ARCHITECTURES
-from skiptrain.shipped.generate import CONFIG_KEY
+from skiptrain.shipped.schedule import CONFIG_KEY
 
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures the handlers of "vllm" loggers
 

@@ -37,7 +37,7 @@ class PromptFormatError(ValueError):
     exit_code = 2
 
 
-Source = str | Mapping[str, Any]
+PromptSource = str | Mapping[str, Any]
 """What fills a template: a bare string for a one-field template, or an object of field values (or its JSON text)."""
 
 
@@ -81,7 +81,7 @@ class PromptFormat:
         """Whether prompts are used as given (the ``{source}`` template, no chat template, no limit)."""
         return self == PromptFormat()
 
-    def values(self, source: Source) -> dict[str, str]:
+    def values(self, source: PromptSource) -> dict[str, str]:
         """The field values of one source: a bare string fills a one-field template; an object (or its JSON text)
         names every field.
 
@@ -129,7 +129,7 @@ class PromptFormat:
         n_suffix = special_token_counts(tokenizer)[1]
         return [list(ids[: len(ids) - n_suffix]) for ids in tokenizer(list(texts))["input_ids"]]
 
-    def encode(self, tokenizer: Any, sources: Sequence[Source]) -> tuple[list[str], list[list[int]]]:
+    def encode(self, tokenizer: Any, sources: Sequence[PromptSource]) -> tuple[list[str], list[list[int]]]:
         """Prompt texts and ids of ``sources``, the last field trimmed to fit ``max_source_tokens``.
 
         Raises:
@@ -211,4 +211,4 @@ def special_token_counts(tokenizer: Any) -> tuple[int, int]:
     return 0, 0
 
 
-__all__ = ["RAW_TEMPLATE", "SOURCE_FIELD", "PromptFormat", "PromptFormatError", "Source", "special_token_counts"]
+__all__ = ["RAW_TEMPLATE", "SOURCE_FIELD", "PromptFormat", "PromptFormatError", "PromptSource", "special_token_counts"]
