@@ -13,7 +13,7 @@ import torch
 from helpers.cli_args import tiny_args
 from transformers import AutoModelForCausalLM
 
-from skiptrain import generate, load_exported
+from skiptrain import generate_under_schedule, load_exported
 from skiptrain.cli.app import main
 from skiptrain.cli.trainer import SkipTrainer
 from skiptrain.data.datamodule import SkipDataModule
@@ -80,9 +80,9 @@ def check_front_ends(export, sources, expected_ids, tmp_path):
 
     model, schedule, tokenizer = load_exported(export)
     batch = collate_prompts(expected_ids, tokenizer.pad_token_id)
-    reference = generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
-                         max_new_tokens=NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    reference = generate_under_schedule(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
+                                        max_new_tokens=NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
+                                        pad_token_id=tokenizer.pad_token_id)
     report = trainer.generate(SkipLM(str(export)), prompts=prompts, output=str(tmp_path / "out.jsonl"),
                               max_new_tokens=NEW_TOKENS)
     generated = [row[:n] for row, n in zip(reference.tokens.tolist(), reference.lengths.tolist(), strict=True)]

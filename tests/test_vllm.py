@@ -26,7 +26,7 @@ from vllm import LLM, SamplingParams, TokensPrompt  # noqa: E402
 
 from skiptrain.frontends.conformance import check_outputs  # noqa: E402
 from skiptrain.serving.vllm_plugin import SUPPORTED_VLLM, hf_overrides  # noqa: E402
-from skiptrain.shipped.generate import SkipScheduleError  # noqa: E402
+from skiptrain.shipped.schedule import SkipScheduleError  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

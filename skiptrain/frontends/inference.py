@@ -3,9 +3,9 @@
 Prompts are read (:func:`read_prompts`), made into prompt ids by the run's prompt format as training made them
 (:class:`~skiptrain.shipped.prompt_format.PromptFormat`; raw prompts are used as given), left-padded per batch by the
 batch contract (:func:`~skiptrain.text.batch.collate_prompts`) and decoded by
-:func:`~skiptrain.modeling.generation.generate`. The cost is reported in :class:`DecodeStats`: wall time, and the mean
-executed decoder layers and ideal speedup over the tokens actually generated (:mod:`skiptrain.core.speedup`). The
-speed comparison with dense decoding
+:func:`~skiptrain.modeling.generation.generate_under_schedule`. The cost is reported in :class:`DecodeStats`: wall
+time, and the mean executed decoder layers and ideal speedup over the tokens actually generated
+(:mod:`skiptrain.core.speedup`). The speed comparison with dense decoding
 (:class:`SpeedComparison`) times both at equal work, every prompt decoded for ``max_new_tokens`` tokens whatever
 its end-of-sequence token, and holds the measured speedup against the parameter-read limit. This module needs no
 data pipeline (``datasets``).
@@ -30,11 +30,12 @@ from torch import nn
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.core.speedup import cost_summary, ideal_speedup, mean_executed_layers, parameter_read_speedup
 from skiptrain.errors import PromptError, UsageError
-from skiptrain.frontends.speculative import StepSeconds, speculative_generate
+from skiptrain.frontends.speculative import StepSeconds, generate_lossless
 from skiptrain.modeling.architectures import decoder_parts
-from skiptrain.modeling.generation import SamplingConfig, generate
-from skiptrain.shipped.generate import SpeculationStats, speedup_bound
-from skiptrain.shipped.prompt_format import PromptFormat, Source
+from skiptrain.modeling.generation import SamplingConfig, generate_under_schedule
+from skiptrain.shipped.prompt_format import PromptFormat
+from skiptrain.shipped.prompt_format import PromptSource as Source
+from skiptrain.shipped.speculate import SpeculationStats, speedup_bound
 from skiptrain.text.batch import collate_prompts
 from skiptrain.text.encoding import tokenize_prompts
 
@@ -245,8 +246,8 @@ def complete(
     """Generate completions of ``prompts`` in batches of ``batch_size`` with the skip-aware front-end.
 
     Batches come from :func:`prompt_batches` (prompts made by ``prompt_format``); decoding is
-    :func:`~skiptrain.modeling.generation.generate`, inside a fresh ``context()`` per batch (e.g. the precision
-    plugin's autocast). With ``stop_at_eos=False`` every prompt gets
+    :func:`~skiptrain.modeling.generation.generate_under_schedule`, inside a fresh ``context()`` per batch (e.g. the
+    precision plugin's autocast). With ``stop_at_eos=False`` every prompt gets
     ``max_new_tokens`` tokens (equal work, for timing).
 
     Returns:
@@ -261,10 +262,10 @@ def complete(
         started = time.perf_counter()
         with context():
             if speculative:
-                out = speculative_generate(model, ids, mask, schedule, draft_tokens=speculative, **settings)
+                out = generate_lossless(model, ids, mask, schedule, draft_tokens=speculative, **settings)
                 speculation, step_seconds = speculation.add(out.stats), step_seconds.add(out.seconds)
             else:
-                out = generate(model, ids, mask, schedule, **settings)
+                out = generate_under_schedule(model, ids, mask, schedule, **settings)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
         seconds += time.perf_counter() - started
@@ -426,8 +427,8 @@ def dense_step_seconds(
     batch = next(prompt_batches(tokenizer, prompts, batch_size, prompt_format))
     ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)
     with context():
-        out = speculative_generate(model, ids, mask, Dense().build(decoder_parts(model).num_layers),
-                                   max(max_new_tokens, 2), 0, sampling=sampling, pad_token_id=tokenizer.pad_token_id)
+        out = generate_lossless(model, ids, mask, Dense().build(decoder_parts(model).num_layers),
+                                max(max_new_tokens, 2), 0, sampling=sampling, pad_token_id=tokenizer.pad_token_id)
     return out.seconds.verify / out.stats.verifications
 
 
