@@ -98,6 +98,7 @@ class ColumnGate:
         run_or_skip.skip_gate = True
         return run_or_skip
 
+
 def own_forwards(layers: nn.ModuleList) -> list[Any]:
     """The layers' instance-level forwards (e.g. accelerate's hooks), refused when they are gates already."""
     own = [vars(layer).get("forward") for layer in layers]
@@ -108,6 +109,7 @@ def own_forwards(layers: nn.ModuleList) -> list[Any]:
 
 
 def checked_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers (:func:`decoder_layers`), refused when they are not ``config.json``'s layer count."""
     layers = decoder_layers(model)
     if len(layers) != model.config.num_hidden_layers:
         raise SkipScheduleError(f"the model has {len(layers)} decoder layers but config.json num_hidden_layers="
