@@ -32,9 +32,9 @@ _LAZY: dict[str, str] = {
     "skip_hidden_states": "skiptrain.modeling.forward",
     "GenerationOutput": "skiptrain.modeling.generation",
     "SamplingConfig": "skiptrain.modeling.generation",
-    "generate": "skiptrain.modeling.generation",
+    "generate_under_schedule": "skiptrain.modeling.generation",
     "SpeculativeOutput": "skiptrain.frontends.speculative",
-    "speculative_generate": "skiptrain.frontends.speculative",
+    "generate_lossless": "skiptrain.frontends.speculative",
     "ExportError": "skiptrain.export.format",
     "ExportedModel": "skiptrain.export.load",
     "load_exported": "skiptrain.export.load",
@@ -58,7 +58,8 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
     "SkipSchedule",
     "SpeculativeOutput",
     "Static",
-    "generate",
+    "generate_lossless",
+    "generate_under_schedule",
     "load_exported",
     "position_ids_from_mask",
     "skip_aware",
@@ -66,7 +67,6 @@ __all__ = [  # a literal list, so linters and type checkers see the public names
     "skip_hidden_states",
     "skip_loss",
     "skipdecode_for_speedup",
-    "speculative_generate",
 ]
 
 if TYPE_CHECKING:
@@ -83,9 +83,9 @@ if TYPE_CHECKING:
     from skiptrain.core.speedup import skipdecode_for_speedup
     from skiptrain.export.format import ExportError
     from skiptrain.export.load import ExportedModel, load_exported
-    from skiptrain.frontends.speculative import SpeculativeOutput, speculative_generate
+    from skiptrain.frontends.speculative import SpeculativeOutput, generate_lossless
     from skiptrain.modeling.forward import position_ids_from_mask, skip_forward, skip_hidden_states
-    from skiptrain.modeling.generation import GenerationOutput, SamplingConfig, generate
+    from skiptrain.modeling.generation import GenerationOutput, SamplingConfig, generate_under_schedule
     from skiptrain.training.integration import PairCollator, skip_aware, skip_loss
 
 

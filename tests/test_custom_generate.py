@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ast
 import functools
-import importlib
 import itertools
 import json
 import random
+import re
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,20 +27,17 @@ from transformers import (
     pipeline,
 )
 
-from skiptrain import Dense, SamplingConfig, generate, load_exported, skip_forward
+import skiptrain.shipped
+from skiptrain import Dense, SamplingConfig, generate_under_schedule, load_exported, skip_forward
 from skiptrain.core.schedules import ScheduleError, SkipSchedule
-from skiptrain.export.custom_generate import (
-    DECODER_LAYERS,
-    SkipCache,
-    SkipScheduleError,
-    decoder_layers,
-    read_schedule,
-    skipping,
-    sliding_window_of,
-)
-from skiptrain.export.format import CUSTOM_GENERATE_FILE, PROMPT_FORMAT_FILE
+from skiptrain.export.format import CUSTOM_GENERATE_FILE
+from skiptrain.frontends.speculative import generate_lossless
 from skiptrain.modeling.architectures import ARCHITECTURES
 from skiptrain.modeling.loading import load_tokenizer
+from skiptrain.shipped.cache import SkipCache
+from skiptrain.shipped.gates import DECODER_LAYERS, decoder_layers, skipping
+from skiptrain.shipped.schedule import SkipScheduleError, read_schedule
+from skiptrain.shipped.speculate import sliding_window_of
 
 HF_FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2", "qwen3", "gemma2", "gemma3_text", "phi3")
 FULL_ATTENTION_FAMILIES = tuple(f for f in HF_FAMILIES if sliding_window_of(tiny_config(f)) is None)
@@ -69,8 +66,8 @@ def prompt_batch(tokenizer, prompts=PROMPTS) -> dict[str, torch.Tensor]:
 def reference(path: Path, batch: dict, **kwargs):
     """skiptrain's own decoder on the export: ``(output, tokenizer)``."""
     model, schedule, tokenizer = load_exported(path)
-    out = generate(model, batch["input_ids"], batch["attention_mask"], schedule, max_new_tokens=NEW_TOKENS,
-                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **kwargs)
+    out = generate_under_schedule(model, batch["input_ids"], batch["attention_mask"], schedule, NEW_TOKENS,
+                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **kwargs)
     return out, tokenizer
 
 
@@ -131,8 +128,9 @@ def test_blocking_repeated_ngrams_equals_skiptrains(export, family):
     skip_model, schedule, _ = load_exported(path)
 
     def decode(sampling: SamplingConfig):
-        return generate(skip_model, batch["input_ids"], batch["attention_mask"], schedule, max_new_tokens=24,
-                        sampling=sampling, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        return generate_under_schedule(skip_model, batch["input_ids"], batch["attention_mask"], schedule, 24,
+                                       sampling=sampling, eos_token_id=tokenizer.eos_token_id,
+                                       pad_token_id=tokenizer.pad_token_id)
 
     free = decode(SamplingConfig())
     said = [row[:n] for row, n in zip(free.tokens.tolist(), free.lengths.tolist(), strict=True)]
@@ -225,9 +223,9 @@ def test_plain_from_pretrained_still_loads_and_decodes_densely(export):
     tokenizer = load_tokenizer(str(path))
     batch = prompt_batch(tokenizer)
     exported = load_exported(path).model
-    dense = generate(exported, batch["input_ids"], batch["attention_mask"], Dense().build(6),
-                     max_new_tokens=NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
-                     pad_token_id=tokenizer.pad_token_id)
+    dense = generate_under_schedule(exported, batch["input_ids"], batch["attention_mask"], Dense().build(6),
+                                    max_new_tokens=NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
+                                    pad_token_id=tokenizer.pad_token_id)
     out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False)
     assert torch.equal(out[:, batch["input_ids"].shape[1]:], dense.tokens)
 
@@ -256,6 +254,28 @@ def test_speculative_tokens_give_transformers_own_full_depth_greedy_output(expor
     assert sampled.shape[0] == out.shape[0] and torch.equal(sampled[:, :batch["input_ids"].shape[1]],
                                                             batch["input_ids"])
     assert not any("forward" in vars(layer) for layer in decoder_layers(model)), "the gates are removed"
+
+
+@pytest.mark.parametrize("family", ["llama", "opt"])
+def test_speculative_sampling_with_a_seed_equals_skiptrains_lossless_sampling(export, family):
+    """The export's lossless mode and skiptrain's (:func:`~skiptrain.frontends.speculative.generate_lossless`) run
+    the same loop from torch's default generator, with warpers built each its own way from the same options."""
+    path = export(family)
+    tokenizer = load_tokenizer(str(path))
+    batch = prompt_batch(tokenizer)
+    skip_model, schedule, _ = load_exported(path)
+    ends = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+    options = {"do_sample": True, "temperature": 0.8, "top_k": 6, "top_p": 0.9}
+    torch.manual_seed(11)
+    expected = generate_lossless(skip_model, batch["input_ids"], batch["attention_mask"], schedule, NEW_TOKENS, 3,
+                                 sampling=SamplingConfig(**options), **ends)
+    model = hf_skip_model(path)
+    torch.manual_seed(11)
+    out = model.generate(**batch, max_new_tokens=NEW_TOKENS, speculative_tokens=3, **options, **ends)
+    assert torch.equal(out[:, batch["input_ids"].shape[1]:], expected.tokens)
+    torch.manual_seed(12)
+    again = model.generate(**batch, max_new_tokens=NEW_TOKENS, speculative_tokens=3, **options, **ends)
+    assert not torch.equal(again, out), "another seed draws other tokens"
 
 
 def test_the_speculative_mode_refuses_what_it_cannot_take(export):
@@ -315,21 +335,35 @@ def test_a_forward_set_on_a_layer_instance_is_gated_and_then_restored(export):
     assert vars(layer)["forward"] is hooked
 
 
-def test_the_export_ships_a_self_contained_copy(export):
-    shipped = export("llama") / CUSTOM_GENERATE_FILE
-    shipped_sources = {shipped: "skiptrain.export.custom_generate",  # generate.py imports its sibling
-                       shipped.parent / PROMPT_FORMAT_FILE: "skiptrain.text.prompt_format"}
-    for copy, module in shipped_sources.items():
-        source = Path(importlib.import_module(module).__file__)
-        assert copy.read_text() == source.read_text()
-        tree = ast.parse(source.read_text())
-        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                    for alias in node.names}
-        imported |= {("." if node.level else "") + node.module.split(".")[0] for node in ast.walk(tree)
-                     if isinstance(node, ast.ImportFrom)}
-        assert "skiptrain" not in imported and imported <= {"__future__", "functools", "collections", "contextlib",
-                                                             "typing", "torch", "transformers", "json", "re",
-                                                             "dataclasses", ".prompt_format"}
+SHIPPED_IMPORTS = {"__future__", "collections", "contextlib", "dataclasses", "functools", "json", "re", "typing",
+                   "torch", "transformers"}
+"""What the shipped modules may import besides each other: the standard library, torch and transformers."""
+
+
+def absolute_imports(tree: ast.Module) -> set[str]:
+    """The top-level packages a module imports (relative imports aside)."""
+    return {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+            for alias in node.names} | {node.module.split(".")[0] for node in ast.walk(tree)
+                                        if isinstance(node, ast.ImportFrom) and not node.level}
+
+
+def test_the_export_ships_the_shipped_package_byte_for_byte(export):
+    folder = (export("llama") / CUSTOM_GENERATE_FILE).parent
+    package = Path(skiptrain.shipped.__file__).parent
+    modules = sorted(path.name for path in package.glob("*.py"))
+    assert {"generate.py", "speculate.py", "prompt_format.py"} <= set(modules)
+    assert sorted(path.name for path in folder.iterdir()) == modules, "the package, and nothing else"
+    for name in modules:
+        text = (package / name).read_text()
+        assert (folder / name).read_bytes() == (package / name).read_bytes(), name
+        tree = ast.parse(text)
+        assert absolute_imports(tree) <= SHIPPED_IMPORTS, f"{name} imports {absolute_imports(tree) - SHIPPED_IMPORTS}"
+        siblings = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
+        assert all(f"{module}.py" in modules for module in siblings), f"{name}: only `from .sibling import`"
+        # transformers copies a sibling into its module cache when it finds `from .sibling import` in the text
+        assert len(re.findall(r"^\s*from\s+\.(\S+)\s+import", text, re.MULTILINE)) == len(siblings), name
+    prompt_format = ast.parse((package / "prompt_format.py").read_text())
+    assert not absolute_imports(prompt_format) & {"torch", "transformers"}, "the data pipeline imports it"
     card = (export("llama") / "README.md").read_text()
     assert 'AutoModelForCausalLM.from_pretrained("path/to/this/export", trust_remote_code=True)' in card
     config = json.loads((export("llama") / "config.json").read_text())

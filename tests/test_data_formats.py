@@ -25,8 +25,8 @@ from skiptrain.export.format import read_record
 from skiptrain.modeling.architectures import decoder_parts
 from skiptrain.modeling.forward import skip_hidden_states
 from skiptrain.modeling.loading import load_tokenizer
+from skiptrain.shipped.prompt_format import PromptFormat, PromptFormatError
 from skiptrain.text.batch import IGNORE_INDEX, collate
-from skiptrain.text.prompt_format import PromptFormat, PromptFormatError
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_PAGE = ROOT / "docs" / "data.md"

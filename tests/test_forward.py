@@ -5,7 +5,16 @@ import torch
 from helpers.tiny_models import ARCHITECTURES, SLIDING_WINDOW, left_padded_batch, tiny_model
 from peft import LoraConfig, get_peft_model
 
-from skiptrain import Dense, Hierarchical, Ranked, SkipDecode, Static, generate, position_ids_from_mask, skip_forward
+from skiptrain import (
+    Dense,
+    Hierarchical,
+    Ranked,
+    SkipDecode,
+    Static,
+    generate_under_schedule,
+    position_ids_from_mask,
+    skip_forward,
+)
 from skiptrain.modeling.architectures import decoder_parts
 
 NUM_LAYERS = 6
@@ -26,7 +35,7 @@ def test_training_forward_equals_kv_cached_decoding(family, schedule_name, attn)
     schedule = SCHEDULES[schedule_name].build(NUM_LAYERS)
     prompt_length, steps = 7, 12
     ids, mask = left_padded_batch(batch=3, prompt_length=prompt_length, continuation=0)
-    decoded = generate(model, ids, mask, schedule, max_new_tokens=steps, return_logits=True)
+    decoded = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=steps, return_logits=True)
     assert decoded.tokens.shape == (3, steps)
     full_ids = torch.cat([ids, decoded.tokens], dim=1)
     full_mask = torch.cat([mask, torch.ones_like(decoded.tokens)], dim=1)
@@ -69,7 +78,7 @@ def test_dense_schedule_reproduces_transformers(family):
     prompts, prompt_mask = ids[:, :prompt_length], mask[:, :prompt_length]
     reference = model.generate(input_ids=prompts, attention_mask=prompt_mask, do_sample=False, max_new_tokens=10,
                                min_new_tokens=10, pad_token_id=0, eos_token_id=None)
-    decoded = generate(model, prompts, prompt_mask, dense, max_new_tokens=10)
+    decoded = generate_under_schedule(model, prompts, prompt_mask, dense, max_new_tokens=10)
     assert torch.equal(decoded.tokens, reference[:, prompt_length:])
 
 

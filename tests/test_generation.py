@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers.tiny_models import left_padded_batch, tiny_model
 
-from skiptrain import Dense, Hierarchical, Ranked, SamplingConfig, SkipDecode, generate
+from skiptrain import Dense, Hierarchical, Ranked, SamplingConfig, SkipDecode, generate_under_schedule
 from skiptrain.modeling.architectures import decoder_parts
 
 
@@ -21,7 +21,7 @@ def test_each_step_runs_only_the_executed_layers(family, architecture):
     hooks = [layer.register_forward_hook(lambda mod, args, out, index=index: calls[index].append(args[0].shape[1]))
              for index, layer in enumerate(decoder_parts(model).layers)]
     ids, mask = left_padded_batch(batch=3, prompt_length=5, continuation=0)
-    generate(model, ids, mask, schedule, max_new_tokens=6)
+    generate_under_schedule(model, ids, mask, schedule, max_new_tokens=6)
     for hook in hooks:
         hook.remove()
     # prefill runs every layer on the 5 prompt columns; step g feeds the token of index g (g = 0..4)
@@ -33,9 +33,10 @@ def test_each_step_runs_only_the_executed_layers(family, architecture):
 def test_eos_ends_rows_and_pads_after():
     model = tiny_model("llama", 4)
     ids, mask = left_padded_batch(batch=3, prompt_length=5, continuation=0)
-    free = generate(model, ids, mask, Dense().build(4), max_new_tokens=8)
+    free = generate_under_schedule(model, ids, mask, Dense().build(4), max_new_tokens=8)
     eos = int(free.tokens[0, 2])  # make the third greedy token of row 0 the end-of-sequence token
-    ended = generate(model, ids, mask, Dense().build(4), max_new_tokens=8, eos_token_id=eos, pad_token_id=0)
+    ended = generate_under_schedule(model, ids, mask, Dense().build(4), max_new_tokens=8, eos_token_id=eos,
+                                    pad_token_id=0)
     assert ended.lengths[0] == 3
     assert torch.equal(ended.tokens[0, :3], free.tokens[0, :3])
     assert (ended.tokens[0, 3:] == 0).all()
@@ -48,8 +49,8 @@ def test_eos_ends_rows_and_pads_after():
 def test_stops_when_every_row_has_ended():
     model = tiny_model("gpt2", 4)
     ids, mask = left_padded_batch(batch=2, prompt_length=4, continuation=0)
-    first = generate(model, ids, mask, Dense().build(4), max_new_tokens=1).tokens[:, 0]
-    out = generate(model, ids, mask, Dense().build(4), max_new_tokens=20, eos_token_id=first.tolist())
+    first = generate_under_schedule(model, ids, mask, Dense().build(4), max_new_tokens=1).tokens[:, 0]
+    out = generate_under_schedule(model, ids, mask, Dense().build(4), max_new_tokens=20, eos_token_id=first.tolist())
     assert out.tokens.shape[1] == 1 and out.lengths.tolist() == [1, 1]
 
 
@@ -58,13 +59,13 @@ def test_sampling_is_seeded_and_respects_top_k():
     ids, mask = left_padded_batch(batch=3, prompt_length=5, continuation=0)
     schedule = SkipDecode(min_layers=2, decay_tokens=4).build(4)
     sampling = SamplingConfig(do_sample=True, temperature=0.7, top_k=1)
-    greedy = generate(model, ids, mask, schedule, max_new_tokens=6)
-    top1 = generate(model, ids, mask, schedule, max_new_tokens=6, sampling=sampling,
-                    generator=torch.Generator().manual_seed(0))
+    greedy = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=6)
+    top1 = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=6, sampling=sampling,
+                                   generator=torch.Generator().manual_seed(0))
     assert torch.equal(top1.tokens, greedy.tokens), "top_k=1 sampling is greedy"
     wide = SamplingConfig(do_sample=True, temperature=2.0, top_p=0.95)
-    runs = [generate(model, ids, mask, schedule, max_new_tokens=6, sampling=wide,
-                     generator=torch.Generator().manual_seed(seed)).tokens for seed in (1, 1, 2)]
+    runs = [generate_under_schedule(model, ids, mask, schedule, max_new_tokens=6, sampling=wide,
+                                    generator=torch.Generator().manual_seed(seed)).tokens for seed in (1, 1, 2)]
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[0], runs[2])
 
@@ -78,10 +79,10 @@ def test_blocking_repeated_ngrams_counts_the_generated_tokens_only():
     model = tiny_model("llama", 4)
     schedule = SkipDecode(min_layers=2, decay_tokens=4).build(4)
     ids, mask = left_padded_batch(batch=3, prompt_length=5, continuation=0)
-    free = generate(model, ids, mask, schedule, max_new_tokens=24)
+    free = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=24)
     assert any(repeats(row, 2) for row in free.tokens.tolist()), "the tiny model loops when nothing is blocked"
-    blocked = generate(model, ids, mask, schedule, max_new_tokens=24, sampling=SamplingConfig(block_repeated_ngrams=2),
-                       return_logits=True)
+    blocked = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=24,
+                                      sampling=SamplingConfig(block_repeated_ngrams=2), return_logits=True)
     assert not any(repeats(row, 2) for row in blocked.tokens.tolist())
     # Each token is the best one that does not complete a bigram the row already generated; the prompt's bigrams and
     # the bigram across the prompt's end stay allowed (a summary may copy its article).
@@ -97,12 +98,12 @@ def test_block_repeated_ngrams_allows_what_the_prompt_said():
     model = tiny_model("llama", 4)
     schedule = Dense().build(4)
     ids, mask = left_padded_batch(batch=1, prompt_length=5, continuation=0)
-    free = generate(model, ids, mask, schedule, max_new_tokens=3).tokens
+    free = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=3).tokens
     echo = torch.cat([ids, free, ids], dim=1)  # the prompt says its last token, then free's first
-    again = generate(model, echo, torch.ones_like(echo), schedule, max_new_tokens=3).tokens
+    again = generate_under_schedule(model, echo, torch.ones_like(echo), schedule, max_new_tokens=3).tokens
     assert again[0, 0] == free[0, 0], "greedy decoding repeats the prompt's bigram across its end"
-    blocked = generate(model, echo, torch.ones_like(echo), schedule, max_new_tokens=3,
-                       sampling=SamplingConfig(block_repeated_ngrams=2)).tokens
+    blocked = generate_under_schedule(model, echo, torch.ones_like(echo), schedule, max_new_tokens=3,
+                                      sampling=SamplingConfig(block_repeated_ngrams=2)).tokens
     assert blocked[0, 0] == free[0, 0]  # transformers' no_repeat_ngram_size=2 would ban it: it counts the prompt
 
 
@@ -120,4 +121,4 @@ def test_max_new_tokens_must_be_positive():
     model = tiny_model("llama", 4)
     ids, mask = left_padded_batch(batch=1, prompt_length=3, continuation=0)
     with pytest.raises(ValueError, match="max_new_tokens=0"):
-        generate(model, ids, mask, Dense().build(4), max_new_tokens=0)
+        generate_under_schedule(model, ids, mask, Dense().build(4), max_new_tokens=0)

@@ -65,7 +65,7 @@ def test_public_names_are_the_defining_modules_objects():
 
     assert skiptrain.SkipDecode is schedules.SkipDecode
     assert skiptrain.skip_forward is forward.skip_forward
-    assert skiptrain.generate is generation.generate
+    assert skiptrain.generate_under_schedule is generation.generate_under_schedule
     assert skiptrain.load_exported is export.load_exported
 
 

@@ -14,15 +14,15 @@ from helpers.chat_models import with_chat_template
 from helpers.cli_args import tiny_args
 from transformers import AutoModelForCausalLM
 
-from skiptrain import generate, load_exported
+from skiptrain import generate_under_schedule, load_exported
 from skiptrain.cli.app import main
 from skiptrain.cli.trainer import SkipTrainer
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import DataError, UsageError
 from skiptrain.export.format import read_record
 from skiptrain.modeling.loading import load_tokenizer
+from skiptrain.shipped.prompt_format import PromptFormat, PromptFormatError
 from skiptrain.text.batch import collate_prompts
-from skiptrain.text.prompt_format import PromptFormat, PromptFormatError
 from skiptrain.training.module import SkipLM
 
 EXPORT = '{"class_path": "skiptrain.callbacks.export.ExportCallback", "init_args": {"output_dir": "%s"}}'
@@ -72,9 +72,9 @@ def check_front_ends(export, sources, expected_ids, tmp_path):
 
     model, schedule, tokenizer = load_exported(export)
     batch = collate_prompts(expected_ids, tokenizer.pad_token_id)
-    reference = generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
-                         max_new_tokens=NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    reference = generate_under_schedule(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
+                                        max_new_tokens=NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
+                                        pad_token_id=tokenizer.pad_token_id)
     report = trainer.generate(SkipLM(str(export)), prompts=prompts, output=str(tmp_path / "out.jsonl"),
                               max_new_tokens=NEW_TOKENS)
     generated = [row[:n] for row, n in zip(reference.tokens.tolist(), reference.lengths.tolist(), strict=True)]
@@ -110,8 +110,8 @@ def test_an_export_decodes_bare_sources_with_its_training_prompts(templated, tmp
 
     def decoded(prompt_ids: list[list[int]]) -> list[list[int]]:
         batch = collate_prompts(prompt_ids, tokenizer.pad_token_id)
-        out = generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule, NEW_TOKENS,
-                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        out = generate_under_schedule(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
+                                      NEW_TOKENS, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         return [row[:n] for row, n in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True)]
 
     assert [row["token_ids"] for row in rows] == decoded(raw_ids) != decoded(expected), "decoded from the raw ids"

@@ -17,7 +17,7 @@ from helpers.cli_runs import error_lines, run_cli, snapshot  # noqa: E402
 from helpers.exports import EXPORT_CALLBACK, PROMPTS, Run, left_padded, minimal_decode  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from skiptrain import Dense, SkipSchedule, generate, load_exported, skip_forward  # noqa: E402
+from skiptrain import Dense, SkipSchedule, generate_under_schedule, load_exported, skip_forward  # noqa: E402
 from skiptrain.cli.app import main  # noqa: E402
 from skiptrain.export.format import SCHEDULE_FILE  # noqa: E402
 from skiptrain.training.module import SkipLM  # noqa: E402
@@ -94,7 +94,7 @@ def test_the_4bit_training_forward_equals_kv_cached_skip_decoding(family, qlora_
     tokenizer = module.get_tokenizer()
     ids, mask = left_padded(tokenizer, [p[:25] for p in PROMPTS])
     prompt_length = ids.shape[1]
-    decoded = generate(model, ids, mask, schedule, max_new_tokens=steps, return_logits=True)
+    decoded = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=steps, return_logits=True)
     full_ids = torch.cat([ids, decoded.tokens], dim=1)
     full_mask = torch.cat([mask, torch.ones_like(decoded.tokens)], dim=1)
     with torch.no_grad():

@@ -7,11 +7,12 @@ import pytest
 import torch
 from helpers.tiny_models import ARCHITECTURES, left_padded_batch, tiny_config, tiny_model
 
-import skiptrain.export.custom_generate as shared
-from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate
+import skiptrain.shipped.speculate as shared
+from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate_under_schedule
 from skiptrain.errors import UsageError
-from skiptrain.export.custom_generate import sampled_acceptance, sliding_window_of, speedup_bound
-from skiptrain.frontends.speculative import SkipSteps, speculative_generate
+from skiptrain.frontends.speculative import SkipSteps, generate_lossless
+from skiptrain.shipped.lossless import sampling_warpers
+from skiptrain.shipped.speculate import sampled_acceptance, sliding_window_of, speedup_bound
 
 LAYERS = 6
 NEW_TOKENS = 12
@@ -40,9 +41,9 @@ def test_greedy_tokens_are_full_depth_at_batch_1_and_3_for_every_draft(family, d
     model = tiny_model(family, LAYERS)
     for batch in (1, 3):
         ids, mask = left_padded_batch(batch=batch, prompt_length=7, continuation=0)
-        dense = generate(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, return_logits=True)
+        dense = generate_under_schedule(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, return_logits=True)
         for name, draft in DRAFTS.items():
-            out = speculative_generate(model, ids, mask, draft.build(LAYERS), NEW_TOKENS, draft_tokens)
+            out = generate_lossless(model, ids, mask, draft.build(LAYERS), NEW_TOKENS, draft_tokens)
             assert out.tokens.shape == dense.tokens.shape, name
             assert_full_depth_tokens(out.tokens, dense)
             assert out.stats.committed == (NEW_TOKENS - 1) * batch, "the first token comes from the prompt's forward"
@@ -52,7 +53,7 @@ def test_greedy_tokens_are_full_depth_at_batch_1_and_3_for_every_draft(family, d
 def test_a_draft_that_is_almost_always_rejected_still_makes_progress_and_is_counted():
     model = tiny_model("llama", LAYERS)
     ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
-    out = speculative_generate(model, ids, mask, DRAFTS["one_layer"].build(LAYERS), NEW_TOKENS, 5)
+    out = generate_lossless(model, ids, mask, DRAFTS["one_layer"].build(LAYERS), NEW_TOKENS, 5)
     assert out.stats.acceptance_rate < 0.5, "precondition: random tiny models reject most drafts"
     assert out.stats.verifications >= (NEW_TOKENS - 1) / 2
 
@@ -61,12 +62,13 @@ def test_a_draft_that_is_almost_always_rejected_still_makes_progress_and_is_coun
 def test_an_end_of_sequence_token_reached_mid_draft_ends_the_row_as_generate_does(family):
     model = tiny_model(family, LAYERS)
     ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
-    free = generate(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS)
+    free = generate_under_schedule(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS)
     eos = int(free.tokens[1, 3])  # row 1 ends at its fourth token, inside the first drafts of K = 5
-    dense = generate(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, eos_token_id=eos, pad_token_id=0)
+    dense = generate_under_schedule(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, eos_token_id=eos,
+                                    pad_token_id=0)
     for draft in DRAFTS.values():
-        out = speculative_generate(model, ids, mask, draft.build(LAYERS), NEW_TOKENS, 5, eos_token_id=eos,
-                                   pad_token_id=0)
+        out = generate_lossless(model, ids, mask, draft.build(LAYERS), NEW_TOKENS, 5, eos_token_id=eos,
+                                pad_token_id=0)
         assert torch.equal(out.tokens, dense.tokens)
         assert torch.equal(out.lengths, dense.lengths)
         assert int(out.lengths[1]) <= 4
@@ -110,10 +112,10 @@ def test_after_a_verification_the_cache_holds_exactly_the_full_depth_keys_and_va
 def test_rows_keep_their_own_accepted_tokens_and_the_batch_minimum_is_also_lossless():
     model = tiny_model("llama", LAYERS)
     ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
-    dense = generate(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, return_logits=True)
+    dense = generate_under_schedule(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, return_logits=True)
     draft = DRAFTS["decaying"].build(LAYERS)
-    own = speculative_generate(model, ids, mask, draft, NEW_TOKENS, 4)
-    fewest = speculative_generate(model, ids, mask, draft, NEW_TOKENS, 4, batch_minimum=True)
+    own = generate_lossless(model, ids, mask, draft, NEW_TOKENS, 4)
+    fewest = generate_lossless(model, ids, mask, draft, NEW_TOKENS, 4, batch_minimum=True)
     assert_full_depth_tokens(own.tokens, dense)
     assert_full_depth_tokens(fewest.tokens, dense)
     assert own.stats.verifications < fewest.stats.verifications
@@ -161,8 +163,8 @@ def full_depth_joint(model: torch.nn.Module, prompt: torch.Tensor) -> torch.Tens
 def sampled_first_tokens(model: torch.nn.Module, prompt: torch.Tensor, seed: int) -> torch.Tensor:
     """``[V, V, V]`` counts of the first three tokens of ``DRAWS`` speculative samples (K = 2, one-layer draft)."""
     ids = prompt.expand(DRAWS, -1)
-    out = speculative_generate(model, ids, torch.ones_like(ids), DRAFTS["one_layer"].build(LAYERS), 3, 2,
-                               sampling=SamplingConfig(do_sample=True), generator=torch.Generator().manual_seed(seed))
+    out = generate_lossless(model, ids, torch.ones_like(ids), DRAFTS["one_layer"].build(LAYERS), 3, 2,
+                            sampling=SamplingConfig(do_sample=True), generator=torch.Generator().manual_seed(seed))
     cells = (out.tokens[:, 0] * VOCAB + out.tokens[:, 1]) * VOCAB + out.tokens[:, 2]
     return torch.bincount(cells, minlength=VOCAB**3).view(VOCAB, VOCAB, VOCAB)
 
@@ -182,7 +184,7 @@ def test_sampled_tokens_follow_the_full_depth_distribution_and_a_biased_rule_is_
     model = peaked_model()
     prompt = torch.tensor([[5, 3, 7, 4]])
     joint = full_depth_joint(model, prompt)
-    draft = speculative_generate(model, prompt, torch.ones_like(prompt), DRAFTS["one_layer"].build(LAYERS), 3, 2)
+    draft = generate_lossless(model, prompt, torch.ones_like(prompt), DRAFTS["one_layer"].build(LAYERS), 3, 2)
     assert draft.stats.acceptance_rate < 1, "precondition: the draft disagrees with full depth"
     assert chi_square_p_value(sampled_first_tokens(model, prompt, seed=0), joint) > 1e-3
     monkeypatch.setattr(shared, "sampled_acceptance", resample_from_p)
@@ -205,12 +207,34 @@ def test_the_rejection_rule_gives_p_at_every_draft_position_and_the_biased_one_d
             assert min(values) < 1e-6, values
 
 
+SAMPLINGS = [SamplingConfig(), SamplingConfig(do_sample=True), SamplingConfig(do_sample=True, temperature=0.6),
+             SamplingConfig(do_sample=True, top_k=3), SamplingConfig(do_sample=True, top_p=0.8),
+             SamplingConfig(do_sample=True, temperature=1.7, top_k=20, top_p=0.95), SamplingConfig(temperature=0.5)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=repr)
+def test_the_shipped_warpers_are_sampling_configs_and_draw_the_same_tokens(sampling):
+    """The export's lossless mode builds its warpers from transformers' options (``sampling_warpers``), skiptrain's
+    from a :class:`~skiptrain.modeling.generation.SamplingConfig`: the same options give the same distribution, and
+    with the same seed the same draws."""
+    logits = 4 * torch.randn(64, 50, generator=torch.Generator().manual_seed(0))
+    shipped = sampling_warpers(sampling.do_sample, sampling.temperature, sampling.top_k, sampling.top_p)
+    ids = torch.zeros(len(logits), 0, dtype=torch.long)
+    ours, theirs = sampling.warpers()(ids, logits.clone()).softmax(-1), shipped(ids, logits.clone()).softmax(-1)
+    assert torch.equal(ours, theirs)
+    draws = [torch.multinomial(probs, 8, replacement=True, generator=torch.Generator().manual_seed(1))
+             for probs in (ours, theirs)]
+    assert torch.equal(*draws)
+    if sampling.do_sample and (sampling.top_k or sampling.top_p < 1 or sampling.temperature != 1):
+        assert not torch.equal(ours, logits.softmax(-1)), "the warpers change the distribution"
+
+
 def test_a_fixed_seed_repeats_the_draws():
     model = tiny_model("llama", LAYERS)
     ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
     sampling = SamplingConfig(do_sample=True, temperature=1.5, top_k=20)
-    runs = [speculative_generate(model, ids, mask, DRAFTS["decaying"].build(LAYERS), NEW_TOKENS, 3,
-                                 sampling=sampling, generator=torch.Generator().manual_seed(seed)).tokens
+    runs = [generate_lossless(model, ids, mask, DRAFTS["decaying"].build(LAYERS), NEW_TOKENS, 3,
+                              sampling=sampling, generator=torch.Generator().manual_seed(seed)).tokens
             for seed in (4, 4, 5)]
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
 
@@ -227,11 +251,11 @@ def test_what_cannot_be_decoded_losslessly_is_refused_in_one_line(kwargs, messag
     model = tiny_model("llama", LAYERS)
     ids, mask = left_padded_batch(batch=1, prompt_length=4, continuation=0)
     with pytest.raises(UsageError, match=message):
-        speculative_generate(model, ids, mask, DRAFTS["decaying"].build(LAYERS), 4, **kwargs)
+        generate_lossless(model, ids, mask, DRAFTS["decaying"].build(LAYERS), 4, **kwargs)
     with pytest.raises(ValueError, match="num_layers"):
-        speculative_generate(model, ids, mask, DRAFTS["decaying"].build(LAYERS + 1), 4, 2)
+        generate_lossless(model, ids, mask, DRAFTS["decaying"].build(LAYERS + 1), 4, 2)
     with pytest.raises(UsageError, match="speculative=2 is invalid for sliding-window attention"):
-        speculative_generate(tiny_model("mistral-sliding", LAYERS), ids, mask, DRAFTS["decaying"].build(LAYERS), 4, 2)
+        generate_lossless(tiny_model("mistral-sliding", LAYERS), ids, mask, DRAFTS["decaying"].build(LAYERS), 4, 2)
 
 
 def test_the_speedup_bound():

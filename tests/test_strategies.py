@@ -30,7 +30,7 @@ from skiptrain.cli.trainer import SkipTrainer
 from skiptrain.core.schedules import SkipDecode
 from skiptrain.modeling.architectures import decoder_parts
 from skiptrain.modeling.forward import skip_hidden_states
-from skiptrain.modeling.generation import generate
+from skiptrain.modeling.generation import generate_under_schedule
 from skiptrain.training import strategies
 from skiptrain.training.checkpoints import (
     CheckpointError,
@@ -121,7 +121,7 @@ def test_training_step_calls_the_same_modules_in_the_same_order_on_every_rank(pr
 def generation_calls(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, eos: int, synced: bool):
     schedule = RANK_SCHEDULE.build(decoder_parts(model).num_layers)
     calls, handles = record_calls(model)
-    out = generate(model, ids, mask, schedule, max_new_tokens=4, eos_token_id=eos, synced=synced)
+    out = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=4, eos_token_id=eos, synced=synced)
     for handle in handles:
         handle.remove()
     return calls, out
@@ -132,7 +132,7 @@ def test_synced_generation_calls_the_same_modules_on_every_rank_when_one_rank_fi
     ids0, mask0 = left_padded_batch(1, 4, 0, seed=2)
     ids1, mask1 = left_padded_batch(2, 7, 0, seed=3)
     schedule = RANK_SCHEDULE.build(6)
-    eos = int(generate(model, ids0, mask0, schedule, max_new_tokens=1).tokens[0, 0])  # rank 0 ends at once
+    eos = int(generate_under_schedule(model, ids0, mask0, schedule, 1).tokens[0, 0])  # rank 0 ends at once
     _, ends_late = generation_calls(model, ids1, mask1, eos, synced=False)
     assert ends_late.lengths.tolist() == [4, 4], "precondition: rank 1 generates all 4 tokens"
 

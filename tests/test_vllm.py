@@ -24,9 +24,9 @@ from packaging.specifiers import SpecifierSet  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from vllm import LLM, SamplingParams, TokensPrompt  # noqa: E402
 
-from skiptrain.export.custom_generate import SkipScheduleError  # noqa: E402
 from skiptrain.frontends.conformance import check_outputs  # noqa: E402
 from skiptrain.serving.vllm_plugin import SUPPORTED_VLLM, hf_overrides  # noqa: E402
+from skiptrain.shipped.schedule import SkipScheduleError  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -134,15 +134,15 @@ def cmd_consolidate(args: argparse.Namespace) -> None:
 
 
 def _timed_generate(model, ids, mask, schedule, new_tokens: int, repeats: int) -> tuple[float, torch.Tensor]:
-    from skiptrain import generate
+    from skiptrain import generate_under_schedule
 
-    out = generate(model, ids, mask, schedule, max_new_tokens=new_tokens)  # warm-up (kernels, allocator)
+    out = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=new_tokens)  # warm-up (kernels, allocator)
     times = []
     for _ in range(repeats):
         if ids.is_cuda:
             torch.cuda.synchronize()
         started = time.perf_counter()
-        out = generate(model, ids, mask, schedule, max_new_tokens=new_tokens)
+        out = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=new_tokens)
         if ids.is_cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - started)

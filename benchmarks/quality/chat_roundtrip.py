@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from benchmarks.common.machine import cpu_model
-from skiptrain import generate, load_exported
+from skiptrain import generate_under_schedule, load_exported
 from skiptrain.cli.app import main
 from skiptrain.cli.trainer import SkipTrainer
 from skiptrain.text.batch import collate_prompts
@@ -58,9 +58,9 @@ def run(steps: int, sources_count: int, new_tokens: int, work: Path) -> dict:
 
     model, schedule, tokenizer = load_exported(export)
     batch = collate_prompts(trained_ids, tokenizer.pad_token_id)
-    reference = generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
-                         max_new_tokens=new_tokens, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    reference = generate_under_schedule(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
+                                        max_new_tokens=new_tokens, eos_token_id=tokenizer.eos_token_id,
+                                        pad_token_id=tokenizer.pad_token_id)
     hf = AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True).eval()
     out = hf.generate(sources=sources, tokenizer=tokenizer, max_new_tokens=new_tokens, do_sample=False)
     width = batch["prompt_input_ids"].shape[1]

@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from benchmarks.common.machine import describe
-from skiptrain import Dense, generate, skip_forward, skip_hidden_states, skipdecode_for_speedup
+from skiptrain import Dense, generate_under_schedule, skip_forward, skip_hidden_states, skipdecode_for_speedup
 
 
 def smollm2_shaped_model(attn: str, num_layers: int | None = None) -> torch.nn.Module:
@@ -131,7 +131,7 @@ def main() -> None:
         ideal_decode = skip.sequence_ideal_speedup(args.new_tokens)
 
         def decode(schedule, new_tokens):
-            return generate(model, prompts, prompt_mask, schedule, max_new_tokens=new_tokens)
+            return generate_under_schedule(model, prompts, prompt_mask, schedule, max_new_tokens=new_tokens)
 
         decode_results = {
             "batch": args.decode_batch, "prompt_length": args.decode_prompt, "new_tokens": args.new_tokens,

@@ -3,8 +3,8 @@
 Four front-ends decode the same random prompts for the same number of tokens (no end-of-sequence stop):
 
 - ``hf_dense``: transformers ``model.generate`` (greedy);
-- ``skiptrain_dense``: :func:`skiptrain.generate` with every layer;
-- ``skiptrain_skip``: :func:`skiptrain.generate` under the schedule;
+- ``skiptrain_dense``: :func:`skiptrain.generate_under_schedule` with every layer;
+- ``skiptrain_skip``: :func:`skiptrain.generate_under_schedule` under the schedule;
 - ``hf_skip``: transformers ``generate`` through an export's ``custom_generate/generate.py``, loaded by transformers'
   own ``load_custom_generate`` (what ``from_pretrained(..., trust_remote_code=True)`` installs), same schedule.
 
@@ -29,7 +29,7 @@ import torch
 
 from benchmarks.common.machine import describe
 from benchmarks.speed.core import smollm2_shaped_model
-from skiptrain import Dense, generate, skipdecode_for_speedup
+from skiptrain import Dense, generate_under_schedule, skipdecode_for_speedup
 from skiptrain.core.speedup import parameter_read_speedup
 from skiptrain.export.write import write_custom_generate
 from skiptrain.frontends.speed import parameter_counts
@@ -71,7 +71,7 @@ def main() -> None:
         if frontend == "hf_skip":
             return hf_skip_generate(model=model, **common)[:, ids.shape[1]:]
         schedule = skip if frontend == "skiptrain_skip" else dense
-        return generate(model, ids, mask, schedule, max_new_tokens=new_tokens).tokens
+        return generate_under_schedule(model, ids, mask, schedule, max_new_tokens=new_tokens).tokens
 
     def timed(frontend: str, ids: torch.Tensor) -> float:
         if args.device.startswith("cuda"):

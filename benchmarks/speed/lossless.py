@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.study import load_model, study_config, test_prompts
-from skiptrain import Dense, generate
-from skiptrain.export.custom_generate import SpeculationStats, speedup_bound
+from skiptrain import Dense, generate_under_schedule
 from skiptrain.frontends.prompts import prompt_batches
-from skiptrain.frontends.speculative import speculative_generate
+from skiptrain.frontends.speculative import generate_lossless
+from skiptrain.shipped.speculate import SpeculationStats, speedup_bound
 
 TRAIN_BASE = "benchmarks/quality/e2e/train_base.yaml"
 TEST_FILE = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
@@ -51,14 +51,14 @@ def decode(model, batches, schedule, new_tokens, eos, pad, draft_tokens=None, lo
     for batch in batches:
         ids, mask = batch["prompt_input_ids"], batch["prompt_attention_mask"]
         if draft_tokens is None:
-            out = generate(model, ids, mask, schedule, new_tokens, eos_token_id=eos, pad_token_id=pad,
-                           return_logits=logits)
+            out = generate_under_schedule(model, ids, mask, schedule, new_tokens, eos_token_id=eos, pad_token_id=pad,
+                                          return_logits=logits)
             if logits:
                 top2 = out.logits.topk(2, dim=-1).values
                 gaps += list(top2[..., 0] - top2[..., 1])  # [G] per row
         else:
-            out = speculative_generate(model, ids, mask, schedule, new_tokens, draft_tokens, eos_token_id=eos,
-                                       pad_token_id=pad)
+            out = generate_lossless(model, ids, mask, schedule, new_tokens, draft_tokens, eos_token_id=eos,
+                                    pad_token_id=pad)
             stats = stats.add(out.stats)
             for name in steps:
                 steps[name] += getattr(out.seconds, name)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, OPTConfig
 
-from skiptrain.export.custom_generate import speedup_bound
+from skiptrain.shipped.speculate import speedup_bound
 
 CONFIGS = {  # the published architectures (hidden sizes, layers, vocabularies)
     "SmolLM2-135M": LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,

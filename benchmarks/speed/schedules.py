@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.study import load_model, study_config, test_prompts
-from skiptrain import Dense, generate
+from skiptrain import Dense, generate_under_schedule
 from skiptrain.frontends.prompts import prompt_batches
 
 TRAIN_BASE = "benchmarks/quality/e2e/train_base.yaml"
@@ -49,8 +49,8 @@ def main() -> None:
     def decode(schedule) -> float:
         start = time.perf_counter()
         for batch in batches:
-            generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
-                     max_new_tokens=args.new_tokens)
+            generate_under_schedule(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
+                                    max_new_tokens=args.new_tokens)
         return time.perf_counter() - start
 
     times: dict[str, list[float]] = {name: [] for name in schedules}

@@ -43,7 +43,7 @@ def prompt_ids(export: Path, count: int) -> list[list[int]]:
     """The prompts training made from the first ``count`` test sources (the export's recorded prompt format)."""
     from transformers import AutoTokenizer
 
-    from skiptrain.text.prompt_format import PromptFormat
+    from skiptrain.shipped.prompt_format import PromptFormat
 
     recorded = json.loads((export / "skip_schedule.json").read_text())["prompt_format"]
     return PromptFormat.from_dict(recorded).encode(AutoTokenizer.from_pretrained(str(export)), sources(count))[1]
@@ -113,7 +113,7 @@ def run_skiptrain(args: argparse.Namespace) -> dict:
     """Tokens/s of skiptrain's own batched decoder under the schedule and dense, one batch per concurrency."""
     import torch
 
-    from skiptrain import Dense, generate
+    from skiptrain import Dense, generate_under_schedule
     from skiptrain.export.load import load_exported
     from skiptrain.text.batch import collate_prompts
 
@@ -122,8 +122,8 @@ def run_skiptrain(args: argparse.Namespace) -> dict:
     dense = Dense().build(schedule.num_layers)
 
     def decode(batch: dict, chosen, new_tokens: int) -> torch.Tensor:
-        return generate(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], chosen,
-                        max_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id).tokens
+        return generate_under_schedule(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], chosen,
+                                       max_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id).tokens
 
     decode(collate_prompts(ids[:8], tokenizer.pad_token_id), schedule, 16)  # warm-up
     rows, outputs = {}, {}

@@ -21,7 +21,7 @@ from typing import Any
 
 from skiptrain.cli.quiet import silence_third_party_noise
 from skiptrain.errors import SkiptrainError, UsageError
-from skiptrain.text.prompt_format import PromptFormatError
+from skiptrain.shipped.prompt_format import PromptFormatError
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "export", "generate", "evaluate", "calibrate", "conformance")
 """LightningCLI's subcommands, then skiptrain's (:meth:`~skiptrain.cli.lightning_cli.SkipCLI.subcommands`)."""

@@ -29,7 +29,7 @@ from skiptrain.cli.trainer import SkipTrainer
 from skiptrain.data.datamodule import SkipDataModule
 from skiptrain.errors import SkiptrainError, UsageError
 from skiptrain.modeling.loading import context_length
-from skiptrain.text.prompt_format import PromptFormatError
+from skiptrain.shipped.prompt_format import PromptFormatError
 from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata, resolve_ckpt_path
 from skiptrain.training.module import SkipLM, accept_schedule_families
 from skiptrain.training.preemption import PreemptionCheckpoint

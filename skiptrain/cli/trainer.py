@@ -53,7 +53,7 @@ from skiptrain.frontends.speculative import check_full_attention
 from skiptrain.frontends.speed import GenerationReport
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
-from skiptrain.text.prompt_format import PromptFormat
+from skiptrain.shipped.prompt_format import PromptFormat
 from skiptrain.training.calibrate import Calibration, calibrate, validation_batches
 from skiptrain.training.calibration_report import require_matplotlib, write_calibration
 from skiptrain.training.evaluation import evaluate_against_dense

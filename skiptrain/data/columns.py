@@ -126,7 +126,7 @@ def normalise_columns(
         origin: Where the data came from, for messages.
         split: Split name, for messages.
         fields: Template field -> data column, for a template of several fields: the source is then the JSON
-            object of their values (what :meth:`~skiptrain.text.prompt_format.PromptFormat.values` reads).
+            object of their values (what :meth:`~skiptrain.shipped.prompt_format.PromptFormat.values` reads).
 
     Returns:
         A dataset with columns ``source`` (and ``target``).

@@ -39,8 +39,8 @@ from skiptrain.data.order import EpochShuffleSampler, ResumingLoader, TrainingPo
 from skiptrain.data.tokenized import tokenize_blocks, tokenize_pairs
 from skiptrain.errors import DataError, UsageError
 from skiptrain.modeling.loading import load_tokenizer, prepare_tokenizer
+from skiptrain.shipped.prompt_format import PromptFormat, PromptFormatError
 from skiptrain.text.batch import SOURCE, Collator
-from skiptrain.text.prompt_format import PromptFormat, PromptFormatError
 from skiptrain.text.tasks import AUTO, TASKS, MetricKind, TaskSpec, get_task_spec, validate_template
 
 # --------------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@
 
 A conversation with ``k`` assistant turns gives ``k`` examples: each one's source is the chat up to that turn,
 ``{"messages": [...]}`` (rendered by the chat template with the generation prompt, see
-:class:`~skiptrain.text.prompt_format.PromptFormat`), its target that assistant turn. This is what serving sees: the
+:class:`~skiptrain.shipped.prompt_format.PromptFormat`), its target that assistant turn. This is what serving sees: the
 history comes back as the prompt, prefilled at full depth, and the reply is generated from index 0 (docs/method.md,
 "Conversations").
 
@@ -30,8 +30,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from skiptrain.data.columns import TARGET
 from skiptrain.data.loading import first_row
 from skiptrain.errors import DataError, UsageError
+from skiptrain.shipped.prompt_format import MESSAGES, RAW_TEMPLATE, ROLES, Turn
 from skiptrain.text.batch import SOURCE
-from skiptrain.text.prompt_format import MESSAGES, RAW_TEMPLATE, ROLES, Turn
 from skiptrain.text.tasks import AUTO, CHAT_FORMATS, TASKS
 
 ROW = "row"

@@ -8,9 +8,9 @@ from typing import Any
 import datasets
 
 from skiptrain.data.columns import TARGET
+from skiptrain.shipped.prompt_format import PromptFormat
 from skiptrain.text.batch import PROMPT_IDS, REFERENCES, SOURCE, TARGET_IDS
 from skiptrain.text.encoding import encode_pairs, group_into_blocks
-from skiptrain.text.prompt_format import PromptFormat
 
 
 def _tokenize_pairs_batch(

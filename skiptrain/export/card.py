@@ -10,7 +10,7 @@ from skiptrain.core.speedup import cost_summary
 from skiptrain.export.format import CONFIG_FILE, CONFIG_KEY, CUSTOM_GENERATE_FILE, SCHEDULE_FILE, TRAINING_CONFIG_FILE
 from skiptrain.export.record import NOT_RECORDED, ExportRecord
 from skiptrain.modeling.quantization import Quantization
-from skiptrain.text.prompt_format import PromptFormat
+from skiptrain.shipped.prompt_format import PromptFormat
 
 TEMPLATE = Template(files("skiptrain.export").joinpath("model_card.md").read_text())
 

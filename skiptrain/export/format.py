@@ -9,7 +9,7 @@ plain ``AutoModelForCausalLM.from_pretrained``, plus its :class:`~skiptrain.expo
 - ``training_config.yaml``: the resolved LightningCLI config of the run (or, when none is found, the model and
   data hyperparameters stored in the checkpoint);
 - ``README.md``: a model card (:mod:`skiptrain.export.card`);
-- ``custom_generate/generate.py`` (merged weights only): :mod:`skiptrain.export.custom_generate`, which makes plain
+- ``custom_generate/`` (merged weights only): a copy of :mod:`skiptrain.shipped`, whose ``generate.py`` makes plain
   transformers ``generate()`` decode under the schedule when the export is loaded with ``trust_remote_code=True``.
 
 With ``adapter_only`` the directory holds the peft adapter (``adapter_config.json``, ``adapter_model.safetensors``)
@@ -35,7 +35,6 @@ ADAPTER_CONFIG_FILE = "adapter_config.json"
 TRAINING_CONFIG_FILE = "training_config.yaml"
 MODEL_CARD_FILE = "README.md"
 CUSTOM_GENERATE_FILE = "custom_generate/generate.py"
-PROMPT_FORMAT_FILE = "prompt_format.py"  # beside CUSTOM_GENERATE_FILE, which imports it
 UNRECORDED_TRAINING_CONFIG = f"# training config: {NOT_RECORDED}\n"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 """Vocabulary files, one of which every tokenizer's ``save_pretrained`` writes."""

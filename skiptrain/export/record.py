@@ -6,7 +6,7 @@ spread over the export's files, whose formats are the export contract:
 
 - ``skip_schedule.json``: the schedule (:meth:`~skiptrain.core.schedules.SkipSchedule.to_dict`) plus ``producer``,
   ``trained_with_schedule``, ``base_model``, ``base_quantization`` and, when known, ``checkpoint``
-  (:class:`ExportedCheckpoint`) and ``prompt_format`` (:class:`~skiptrain.text.prompt_format.PromptFormat`)
+  (:class:`ExportedCheckpoint`) and ``prompt_format`` (:class:`~skiptrain.shipped.prompt_format.PromptFormat`)
   (:meth:`ExportRecord.schedule_json`);
 - ``training_config.yaml``: :attr:`ExportRecord.training_config`;
 - ``README.md``: all of it, for people (task and validation metrics are written there only).
@@ -21,7 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
 from skiptrain.core.schedules import SkipSchedule
-from skiptrain.text.prompt_format import PromptFormat
+from skiptrain.shipped.prompt_format import PromptFormat
 
 NOT_RECORDED = "not recorded"
 

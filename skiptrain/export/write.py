@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import json
 import os
 import shutil
@@ -19,11 +18,11 @@ from typing import Any
 from peft import PeftModel
 from torch import nn
 
+from skiptrain import shipped
 from skiptrain.core import log
 from skiptrain.core.output_dir import check_output_dir, staged_directory
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.core.speedup import cost_summary
-from skiptrain.export import custom_generate
 from skiptrain.export.card import model_card
 from skiptrain.export.format import (
     ADAPTER_ONLY_NEEDS_LORA,
@@ -31,7 +30,6 @@ from skiptrain.export.format import (
     CONFIG_KEY,
     CUSTOM_GENERATE_FILE,
     MODEL_CARD_FILE,
-    PROMPT_FORMAT_FILE,
     SCHEDULE_FILE,
     TRAINING_CONFIG_FILE,
     UNRECORDED_TRAINING_CONFIG,
@@ -41,7 +39,6 @@ from skiptrain.export.format import (
 from skiptrain.export.record import ExportRecord, producer
 from skiptrain.export.verify import check_exported_adapter, verify_export
 from skiptrain.modeling.quantization import is_quantized, merge_into_dequantized
-from skiptrain.text.prompt_format import PromptFormat
 
 
 def merged_model(model: nn.Module, in_place: bool = False) -> nn.Module:
@@ -84,13 +81,17 @@ def _write_record(directory: Path, record: ExportRecord, adapter_only: bool) -> 
 
 
 def write_custom_generate(directory: str | os.PathLike) -> Path:
-    """Ship :mod:`skiptrain.export.custom_generate` as ``custom_generate/generate.py``, and beside it
-    :mod:`skiptrain.text.prompt_format` which it imports: transformers' ``generate()`` with ``trust_remote_code=True``
-    then decodes under the ``config.json`` schedule, without skiptrain installed."""
+    """Ship the :mod:`skiptrain.shipped` package as the export's ``custom_generate/`` folder, each module byte for
+    byte: transformers' ``generate()`` with ``trust_remote_code=True`` then runs its ``generate.py`` (which imports
+    its siblings relatively) and decodes under the ``config.json`` schedule, without skiptrain installed.
+
+    Returns:
+        The shipped ``custom_generate/generate.py``.
+    """
     target = Path(directory) / CUSTOM_GENERATE_FILE
     target.parent.mkdir(exist_ok=True)
-    shutil.copyfile(custom_generate.__file__, target)
-    shutil.copyfile(inspect.getfile(PromptFormat), target.parent / PROMPT_FORMAT_FILE)
+    for module in sorted(Path(shipped.__file__).parent.glob("*.py")):
+        shutil.copyfile(module, target.parent / module.name)
     return target
 
 

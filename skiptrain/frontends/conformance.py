@@ -1,7 +1,8 @@
 """Conformance test vectors for inference front-ends that apply a skip schedule, and the check of an engine's output.
 
 :func:`write_vectors` decodes prompts greedily with the reference decoder
-(:func:`~skiptrain.modeling.generation.generate`, exactly ``max_new_tokens`` tokens per prompt, no end-of-sequence stop)
+(:func:`~skiptrain.modeling.generation.generate_under_schedule`, exactly ``max_new_tokens`` tokens per prompt, no
+end-of-sequence stop)
 and records, per prompt, its token ids, the greedy tokens and the top logits of every step, next to the schedule they
 were decoded under. An engine decodes the same prompt ids under the schedule and writes JSON lines ``{"id": ...,
 "token_ids": [...]}``; :func:`check_outputs` compares them token by token and reports each case's first divergence. A
@@ -29,8 +30,8 @@ from skiptrain.errors import InputError, UsageError
 from skiptrain.export.format import SCHEDULE_FILE
 from skiptrain.export.record import producer
 from skiptrain.frontends.prompts import RAW, prompt_batches, prompt_text
-from skiptrain.modeling.generation import generate
-from skiptrain.text.prompt_format import PromptFormat, Source
+from skiptrain.modeling.generation import generate_under_schedule
+from skiptrain.shipped.prompt_format import PromptFormat, PromptSource
 
 FORMAT = "skiptrain.conformance"
 VERSION = 1
@@ -56,7 +57,7 @@ def write_vectors(
     model: nn.Module,
     tokenizer: Any,
     schedule: SkipSchedule,
-    prompts: Sequence[Source],
+    prompts: Sequence[PromptSource],
     path: str | os.PathLike,
     max_new_tokens: int,
     batch_size: int = 8,
@@ -86,8 +87,8 @@ def write_vectors(
     for batch in prompt_batches(tokenizer, prompts, batch_size, prompt_format):
         ids, mask = batch["prompt_input_ids"].to(device), batch["prompt_attention_mask"].to(device)
         with context():
-            out = generate(model, ids, mask, reference, max_new_tokens=max_new_tokens,
-                           pad_token_id=tokenizer.pad_token_id, return_logits=True)
+            out = generate_under_schedule(model, ids, mask, reference, max_new_tokens=max_new_tokens,
+                                          pad_token_id=tokenizer.pad_token_id, return_logits=True)
         best = out.logits.float().topk(min(top, out.logits.shape[-1]), dim=-1)  # [B, G, top]
         for row in range(ids.shape[0]):
             case = len(cases)

@@ -3,7 +3,7 @@ skip-aware front-end, and what it cost.
 
 Each batch (:func:`~skiptrain.frontends.prompts.prompt_batches`) is decoded by
 :func:`~skiptrain.modeling.generation.generate`, or with ``speculative`` by
-:func:`~skiptrain.frontends.speculative.speculative_generate`, inside a fresh ``decoder.context()`` (e.g. the
+:func:`~skiptrain.frontends.speculative.generate_lossless`, inside a fresh ``decoder.context()`` (e.g. the
 precision's autocast). The cost is :class:`DecodeStats`: wall time, and the mean executed decoder layers and ideal
 speedup over the tokens actually generated (:mod:`skiptrain.core.speedup`).
 """
@@ -23,12 +23,12 @@ from transformers.generation.streamers import BaseStreamer
 
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.core.speedup import batch_ideal_speedup, mean_executed_layers
-from skiptrain.export.custom_generate import SpeculationStats
 from skiptrain.frontends.prompts import RAW, Completion, prompt_batches, prompt_text
 from skiptrain.frontends.request import GenerationRequest
-from skiptrain.frontends.speculative import StepSeconds, speculative_generate
-from skiptrain.modeling.generation import generate
-from skiptrain.text.prompt_format import PromptFormat, Source
+from skiptrain.frontends.speculative import StepSeconds, generate_lossless
+from skiptrain.modeling.generation import generate_under_schedule
+from skiptrain.shipped.prompt_format import PromptFormat, PromptSource
+from skiptrain.shipped.speculate import SpeculationStats
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Decoder:
     device: torch.device | str = "cpu"
     context: Callable[[], AbstractContextManager] = nullcontext
 
-    def batches(self, prompts: Sequence[Source], batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self, prompts: Sequence[PromptSource], batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``(input_ids, attention_mask)`` of each batch of ``prompts``, left-padded, on the device
         (:func:`~skiptrain.frontends.prompts.prompt_batches`)."""
         for batch in prompt_batches(self.tokenizer, prompts, batch_size, self.prompt_format):
@@ -95,7 +95,7 @@ class DecodeStats:
 def complete(
     decoder: Decoder,
     schedule: SkipSchedule,
-    prompts: Sequence[Source],
+    prompts: Sequence[PromptSource],
     request: GenerationRequest,
     *,
     stop_at_eos: bool = True,
@@ -119,12 +119,13 @@ def complete(
         started = time.perf_counter()
         with decoder.context():
             if request.speculative:
-                out = speculative_generate(decoder.model, ids, mask, schedule, request.max_new_tokens,
+                out = generate_lossless(decoder.model, ids, mask, schedule, request.max_new_tokens,
                                            request.speculative, request.sampling, eos, tokenizer.pad_token_id)
                 speculation, step_seconds = speculation.add(out.stats), step_seconds.add(out.seconds)
             else:
-                out = generate(decoder.model, ids, mask, schedule, request.max_new_tokens, request.sampling, eos,
-                               tokenizer.pad_token_id, streamer=streamer, stopping_criteria=stopping)
+                out = generate_under_schedule(decoder.model, ids, mask, schedule, request.max_new_tokens,
+                                              request.sampling, eos, tokenizer.pad_token_id, streamer=streamer,
+                                              stopping_criteria=stopping)
         decoder.synchronize()
         seconds += time.perf_counter() - started
         rows = zip(out.tokens.tolist(), out.lengths.tolist(), out.texts(tokenizer), strict=True)

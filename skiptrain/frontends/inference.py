@@ -20,13 +20,13 @@ from skiptrain.frontends.decode import Decoder, complete
 from skiptrain.frontends.prompts import RAW, STDIO, fit_prompts, read_prompts, write_completions
 from skiptrain.frontends.request import GenerationRequest
 from skiptrain.frontends.speed import GenerationReport, SpeculationReport, compare_speed, dense_step_seconds
-from skiptrain.text.prompt_format import PromptFormat, Source
+from skiptrain.shipped.prompt_format import PromptFormat, PromptSource
 
 WARM_UP_TOKENS = 2
 
 
 def generate_report(
-    decoder: Decoder, schedule: SkipSchedule, prompts: Sequence[Source], request: GenerationRequest,
+    decoder: Decoder, schedule: SkipSchedule, prompts: Sequence[PromptSource], request: GenerationRequest,
     streamer: TextStreamer | None = None,
 ) -> GenerationReport:
     """Complete ``prompts`` under ``schedule`` (every layer with ``request.dense``) after a short warm-up decode.
@@ -54,7 +54,7 @@ def generate_report(
 
 def prepare_prompts(
     request: GenerationRequest, tokenizer: Any, context_length: int | None, prompt_format: PromptFormat = RAW,
-) -> tuple[list[Source], PromptFormat]:
+) -> tuple[list[PromptSource], PromptFormat]:
     """The request's prompts (its one ``prompt``, or those of its ``prompts`` file) fitted to ``context_length``,
     and the prompt format to make them with: cheap, so that a bad prompt is refused before any weights load."""
     prompts = [request.prompt] if request.prompt is not None else read_prompts(request.prompts)
@@ -62,7 +62,7 @@ def prepare_prompts(
                        prompt_format)
 
 
-def run_request(decoder: Decoder, schedule: SkipSchedule, request: GenerationRequest, prompts: Sequence[Source]
+def run_request(decoder: Decoder, schedule: SkipSchedule, request: GenerationRequest, prompts: Sequence[PromptSource]
                 ) -> GenerationReport:
     """Do what ``request`` asks of a loaded model with its prepared ``prompts`` (:func:`prepare_prompts`, whose
     prompt format ``decoder`` makes them with): decode them under ``schedule`` (the draft schedule with

@@ -2,7 +2,7 @@
 batches hold prompts, and writing completions as JSON lines.
 
 Prompts are made into prompt ids by the run's prompt format as training made them
-(:class:`~skiptrain.text.prompt_format.PromptFormat`; raw prompts are used as given) and left-padded per batch by
+(:class:`~skiptrain.shipped.prompt_format.PromptFormat`; raw prompts are used as given) and left-padded per batch by
 the batch contract (:func:`~skiptrain.text.batch.collate_prompts`).
 """
 
@@ -18,9 +18,9 @@ from typing import Any, Literal, TextIO
 
 from skiptrain.core import log
 from skiptrain.errors import PromptError, UsageError
+from skiptrain.shipped.prompt_format import PromptFormat, PromptSource
 from skiptrain.text.batch import collate_prompts
 from skiptrain.text.encoding import tokenize_prompts
-from skiptrain.text.prompt_format import PromptFormat, Source
 
 STDIO = "-"
 RAW = PromptFormat()
@@ -31,7 +31,7 @@ LONG_PROMPTS: tuple[LongPrompts, ...] = ("refuse", "truncate")
 
 
 # -- reading ---------------------------------------------------------------------------------------------------------
-def read_prompts(path: str, stdin: TextIO | None = None) -> list[Source]:
+def read_prompts(path: str, stdin: TextIO | None = None) -> list[PromptSource]:
     """Prompts from a ``.jsonl`` file, a text file (one prompt per line) or stdin.
 
     A JSON line holds a ``prompt`` string (a bare source for the run's template, or the whole prompt with raw
@@ -57,7 +57,7 @@ def read_prompts(path: str, stdin: TextIO | None = None) -> list[Source]:
         except (OSError, UnicodeDecodeError) as err:
             raise PromptError(f"{origin} cannot be read as UTF-8 text ({err}): give a .jsonl or text file") from err
         as_json = Path(path).suffix.lower() in (".jsonl", ".json")
-    prompts: list[Source] = []
+    prompts: list[PromptSource] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -71,7 +71,7 @@ def read_prompts(path: str, stdin: TextIO | None = None) -> list[Source]:
     return prompts
 
 
-def _json_prompt(line: str, where: str) -> Source:
+def _json_prompt(line: str, where: str) -> PromptSource:
     """The source on one JSON line (see :func:`read_prompts`)."""
     try:
         record = json.loads(line)
@@ -107,7 +107,7 @@ def check_chat(messages: Any, where: str) -> None:
                           "the model answers)")
 
 
-def prompt_text(prompt: Source) -> str:
+def prompt_text(prompt: PromptSource) -> str:
     """A prompt as a line of text: a string as it is, a ``template`` or ``messages`` object as its JSON object."""
     return prompt if isinstance(prompt, str) else json.dumps(dict(prompt), ensure_ascii=False)
 
@@ -128,9 +128,9 @@ def chosen_prompt_format(recorded: PromptFormat | None, raw: bool) -> PromptForm
 
 # -- fitting and batching ----------------------------------------------------------------------------------------------
 def fit_prompts(
-    tokenizer: Any, prompts: Sequence[Source], context_length: int | None, max_new_tokens: int,
+    tokenizer: Any, prompts: Sequence[PromptSource], context_length: int | None, max_new_tokens: int,
     long_prompts: LongPrompts = "refuse", prompt_format: PromptFormat = RAW,
-) -> tuple[list[Source], PromptFormat]:
+) -> tuple[list[PromptSource], PromptFormat]:
     """Prompts, and the prompt format to make them with, that leave room for ``max_new_tokens`` in the model's
     ``context_length`` (``None``: no limit).
 
@@ -173,7 +173,7 @@ def fit_prompts(
     return fitted, prompt_format
 
 
-def _say_cut_sources(tokenizer: Any, prompts: Sequence[Source], prompt_format: PromptFormat,
+def _say_cut_sources(tokenizer: Any, prompts: Sequence[PromptSource], prompt_format: PromptFormat,
                      ids: list[list[int]]) -> None:
     """Warn in one line which prompts the format's ``max_source_tokens`` cut, and to how many tokens."""
     whole = dataclasses.replace(prompt_format, max_source_tokens=None).encode(tokenizer, prompts)[1]
@@ -200,7 +200,7 @@ def check_batch_size(batch_size: int) -> None:
         raise UsageError(f"batch_size={batch_size} is invalid: allowed >= 1")
 
 
-def prompt_batches(tokenizer: Any, prompts: Sequence[Source], batch_size: int, prompt_format: PromptFormat = RAW
+def prompt_batches(tokenizer: Any, prompts: Sequence[PromptSource], batch_size: int, prompt_format: PromptFormat = RAW
                    ) -> Iterator[dict[str, Any]]:
     """Batches of ``batch_size`` prompts made by ``prompt_format`` (raw by default), left-padded as training batches
     hold prompts.

@@ -1,15 +1,15 @@
 """Lossless self-speculative decoding: full-depth output, drafted under a skip schedule.
 
-:func:`speculative_generate` takes what :func:`~skiptrain.modeling.generation.generate` takes plus ``draft_tokens``
-(K) and a ``draft`` schedule (default: the model's own). Its tokens are exactly full-depth decoding's: K tokens are
-drafted one column at a time through the batched KV-cached skip path, one full-depth forward over the K + 1 columns
-verifies them, and the greedy rule or the rejection rule of Leviathan et al. decides what is kept
-(:func:`~skiptrain.export.custom_generate.speculate`, the loop the export's ``custom_generate`` runs too).
+:func:`generate_lossless` takes what :func:`~skiptrain.modeling.generation.generate_under_schedule` takes plus
+``draft_tokens`` (K) and a ``draft`` schedule (default: the model's own). Its tokens are exactly full-depth decoding's:
+K tokens are drafted one column at a time through the batched KV-cached skip path, one full-depth forward over the K + 1
+columns verifies them, and the greedy rule or the rejection rule of Leviathan et al. decides what is kept
+(:func:`~skiptrain.shipped.speculate.speculate`, the loop the export's ``custom_generate`` runs too).
 
 One KV cache serves draft and verification. A draft column writes keys and values only in the layers it runs, and
 those of every layer above the first it skips differ from the full-depth ones (a skipped layer changes the hidden
 states of every layer after it), so before verification every layer is cut back to the columns verified before
-(:func:`~skiptrain.export.custom_generate.crop_cache`), and after it every layer holds full-depth keys and values for
+(:func:`~skiptrain.shipped.speculate.crop_cache`), and after it every layer holds full-depth keys and values for
 every column. Each row keeps its own accepted tokens; its rejected columns stay in the cache as padding (attention
 mask 0), so rows never wait for each other.
 """
@@ -25,10 +25,10 @@ from transformers import DynamicCache, PretrainedConfig
 
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.errors import UsageError
-from skiptrain.export.custom_generate import SpeculationStats, crop_cache, sliding_window_of, speculate
 from skiptrain.modeling.architectures import DecoderParts, decoder_parts
 from skiptrain.modeling.forward import skip_hidden_states
 from skiptrain.modeling.generation import GenerationOutput, SamplingConfig
+from skiptrain.shipped.speculate import SpeculationStats, crop_cache, sliding_window_of, speculate
 
 
 @dataclass
@@ -63,7 +63,7 @@ class SpeculativeOutput(GenerationOutput):
 
 
 class SkipSteps:
-    """The forward calls of :func:`~skiptrain.export.custom_generate.speculate` through the skip-aware forward, timed.
+    """The forward calls of :func:`~skiptrain.shipped.speculate.speculate` through the skip-aware forward, timed.
 
     Prompts run at full depth; a draft for generated index ``g`` runs ``draft.executed_layers(g)`` in every column
     of the call, whatever its position (after rejected columns, position and column differ).
@@ -141,7 +141,7 @@ def check_speculative_sampling(sampling: SamplingConfig) -> None:
 
 
 @torch.no_grad()
-def speculative_generate(
+def generate_lossless(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -157,15 +157,15 @@ def speculative_generate(
 ) -> SpeculativeOutput:
     """Full-depth decoding of left-padded prompts, ``draft_tokens`` tokens drafted per verification under ``draft``.
 
-    Arguments as :func:`~skiptrain.modeling.generation.generate` (whose ``schedule`` here is the draft schedule), plus
-    ``draft_tokens``, K >= 0 (0 decodes at full depth one token per step), and ``batch_minimum``
-    (:func:`~skiptrain.export.custom_generate.speculate`). Greedy tokens equal
-    ``generate(..., Dense().build(L))``'s up to logit near-ties (a K + 1 column matmul may round differently from
-    a one-column one); sampled tokens follow its distribution.
+    Arguments as :func:`~skiptrain.modeling.generation.generate_under_schedule` (whose ``schedule`` here is the
+    draft schedule), plus ``draft_tokens``, K >= 0 (0 decodes at full depth one token per step), and
+    ``batch_minimum`` (:func:`~skiptrain.shipped.speculate.speculate`). Greedy tokens equal
+    ``generate_under_schedule(..., Dense().build(L))``'s up to logit near-ties (a K + 1 column matmul may round
+    differently from a one-column one); sampled tokens follow its distribution.
 
     Raises:
         UsageError: for ``max_new_tokens < 1``, ``draft_tokens`` outside ``[0, max_new_tokens]``, a model with
-            sliding-window attention (:func:`~skiptrain.export.custom_generate.sliding_window_of`), or
+            sliding-window attention (:func:`~skiptrain.shipped.speculate.sliding_window_of`), or
             ``synced=True``: the number of forward calls depends on what each rank accepts, so ranks of ZeRO-3 or
             FSDP would not call their layers in lockstep; or ``sampling.block_repeated_ngrams`` (the verification
             applies only warpers that read no sequence).
@@ -188,4 +188,4 @@ def speculative_generate(
 
 
 __all__ = ["SkipSteps", "SpeculativeOutput", "StepSeconds", "check_draft_tokens", "check_speculative_sampling",
-           "speculative_generate"]
+           "generate_lossless"]

@@ -16,13 +16,13 @@ from torch import nn
 
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.core.speedup import cost_summary, parameter_read_speedup
-from skiptrain.export.custom_generate import speedup_bound
 from skiptrain.frontends.decode import Decoder, DecodeStats, complete
 from skiptrain.frontends.prompts import Completion
 from skiptrain.frontends.request import GenerationRequest
-from skiptrain.frontends.speculative import speculative_generate
+from skiptrain.frontends.speculative import generate_lossless
 from skiptrain.modeling.architectures import decoder_parts
-from skiptrain.text.prompt_format import Source
+from skiptrain.shipped.prompt_format import PromptSource
+from skiptrain.shipped.speculate import speedup_bound
 
 DENSE_STEP_TOKENS = 16
 """Full-depth steps timed to measure a draft step's relative cost (``--speculative``)."""
@@ -70,7 +70,7 @@ class SpeedComparison:
         )
 
 
-def compare_speed(decoder: Decoder, schedule: SkipSchedule, prompts: Sequence[Source], request: GenerationRequest
+def compare_speed(decoder: Decoder, schedule: SkipSchedule, prompts: Sequence[PromptSource], request: GenerationRequest
                   ) -> SpeedComparison:
     """Time ``prompts`` under ``schedule`` and densely, ``request.max_new_tokens`` tokens per prompt in both."""
     skip, dense = (complete(decoder, used, prompts, request, stop_at_eos=False)[1]
@@ -158,7 +158,7 @@ class GenerationReport:
         return "\n".join(lines)
 
 
-def dense_step_seconds(decoder: Decoder, prompts: Sequence[Source], request: GenerationRequest) -> float:
+def dense_step_seconds(decoder: Decoder, prompts: Sequence[PromptSource], request: GenerationRequest) -> float:
     """Wall time of one full-depth decode step over the first batch of ``prompts`` (end-of-sequence ignored), at
     most :data:`DENSE_STEP_TOKENS` steps timed.
 
@@ -167,7 +167,7 @@ def dense_step_seconds(decoder: Decoder, prompts: Sequence[Source], request: Gen
     ids, mask = next(decoder.batches(prompts, request.batch_size))
     steps = max(min(request.max_new_tokens, DENSE_STEP_TOKENS), 2)
     with decoder.context():
-        out = speculative_generate(decoder.model, ids, mask, Dense().build(decoder_parts(decoder.model).num_layers),
+        out = generate_lossless(decoder.model, ids, mask, Dense().build(decoder_parts(decoder.model).num_layers),
                                    steps, 0, request.sampling, None, decoder.tokenizer.pad_token_id)
     return out.seconds.verify / out.stats.verifications
 

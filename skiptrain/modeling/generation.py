@@ -76,7 +76,7 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class GenerationOutput:
-    """Result of :func:`generate`.
+    """Result of :func:`generate_under_schedule`.
 
     Args:
         tokens: ``[B, G]`` generated token ids; after a row's end-of-sequence token, ``pad_token_id``.
@@ -95,7 +95,7 @@ class GenerationOutput:
 
 
 @torch.no_grad()
-def generate(
+def generate_under_schedule(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,

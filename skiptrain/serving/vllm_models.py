@@ -2,7 +2,7 @@
 
 A token at position ``p`` of a request whose prompt has ``P`` tokens has generated index ``g = p - P``: prompt tokens
 (``g < 0``) run ``prompt_layers``, the others ``executed_layers[min(g, len - 1)]``, the export's schedule
-(``skip_schedule`` in ``config.json``, checked by :func:`~skiptrain.export.custom_generate.read_schedule` when the
+(``skip_schedule`` in ``config.json``, checked by :func:`~skiptrain.shipped.schedule.read_schedule` when the
 engine starts). So it holds under vLLM's continuous batching: requests at different generated indices share a step,
 chunked prefill splits prompts, and a preempted request re-prefilled as prompt plus output runs each output token's
 generated set again.
@@ -36,8 +36,8 @@ from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.platforms import current_platform
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
-from skiptrain.export.custom_generate import CONFIG_KEY, SkipScheduleError, read_schedule
 from skiptrain.serving.vllm_prompts import prompts_of
+from skiptrain.shipped.schedule import CONFIG_KEY, SkipScheduleError, read_schedule
 
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures the handlers of "vllm" loggers
 

@@ -19,8 +19,8 @@ from vllm.logger import init_logger
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from skiptrain.export.custom_generate import CONFIG_KEY
 from skiptrain.serving.vllm_plugin import ARCHITECTURES
+from skiptrain.shipped.schedule import CONFIG_KEY
 
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures the handlers of "vllm" loggers
 

@@ -1,6 +1,6 @@
 """Tokenisation of prompt/target pairs and of plain text (pure functions over a Hugging Face tokenizer).
 
-Prompts are made by the run's :class:`~skiptrain.text.prompt_format.PromptFormat` (template fields, chat template,
+Prompts are made by the run's :class:`~skiptrain.shipped.prompt_format.PromptFormat` (template fields, chat template,
 special tokens; only the last field is ever trimmed to fit ``max_source_tokens``, never the template); targets are
 tokenised in the context of their prompt and end with EOS. Plain text is cut into fixed-size blocks
 (:func:`group_into_blocks`).
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from skiptrain.errors import DataError
-from skiptrain.text.prompt_format import PromptFormat, Source, special_token_counts
+from skiptrain.shipped.prompt_format import PromptFormat, PromptSource, special_token_counts
 
 
 def as_prompt_format(template: str | PromptFormat, max_source_tokens: int | None) -> PromptFormat:
@@ -33,7 +33,7 @@ def tokenize_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
 
 
 def encode_prompts(
-    tokenizer: Any, template: str | PromptFormat, sources: Sequence[Source], max_source_tokens: int
+    tokenizer: Any, template: str | PromptFormat, sources: Sequence[PromptSource], max_source_tokens: int
 ) -> tuple[list[str], list[list[int]]]:
     """Fill and tokenise prompts, trimming the source (never the template) to fit ``max_source_tokens``.
 
@@ -71,7 +71,7 @@ def target_text(prompt: str, target: str) -> str:
 def encode_pairs(
     tokenizer: Any,
     template: str | PromptFormat,
-    sources: Sequence[Source],
+    sources: Sequence[PromptSource],
     targets: Sequence[str],
     max_source_tokens: int,
     max_target_tokens: int,

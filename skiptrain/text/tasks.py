@@ -1,7 +1,7 @@
 """The task table: what skiptrain knows about each supported task (dataset, columns, prompt template, metric).
 
 Prompt templates name their fields as ``{source}`` (the task's source column) or ``{column}`` (any other data
-column), filled in one pass by :class:`~skiptrain.text.prompt_format.PromptFormat`; other braces are literal.
+column), filled in one pass by :class:`~skiptrain.shipped.prompt_format.PromptFormat`; other braces are literal.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from skiptrain.errors import UsageError
-from skiptrain.text.prompt_format import PromptFormat, PromptFormatError
+from skiptrain.shipped.prompt_format import PromptFormat, PromptFormatError
 
 SOURCE_PLACEHOLDER = "{source}"
 

@@ -24,7 +24,7 @@ from skiptrain.export.format import ExportUsageError
 from skiptrain.export.record import ExportRecord
 from skiptrain.export.verify import export_config
 from skiptrain.modeling.architectures import decoder_parts
-from skiptrain.modeling.generation import generate
+from skiptrain.modeling.generation import generate_under_schedule
 from skiptrain.modeling.loading import load_causal_lm, load_config, load_tokenizer
 from skiptrain.modeling.precision import WeightsDtype, weights_dtype
 from skiptrain.modeling.quantization import Quantization, require_bitsandbytes, use_training_kernels
@@ -415,7 +415,7 @@ class SkipLM(WithoutQuantizedBase, L.LightningModule):
                       schedule: SkipSchedule | None = None) -> list[str]:
         """Generate continuations of left-padded prompts with the skip-aware front-end and decode them."""
         tokenizer = self.get_tokenizer()
-        return generate(
+        return generate_under_schedule(
             self.model, input_ids, attention_mask, schedule or self.scored_schedule,
             max_new_tokens=self.generation.max_new_tokens, sampling=self.generation.sampling,
             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,

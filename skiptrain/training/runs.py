@@ -22,7 +22,7 @@ from skiptrain.data.datamodule import stored_prompt_format
 from skiptrain.export.format import ADAPTER_ONLY_NEEDS_LORA, ExportError, ExportUsageError, is_export, read_record
 from skiptrain.export.record import NOT_RECORDED, ExportedCheckpoint, ExportRecord
 from skiptrain.export.write import write_export
-from skiptrain.text.prompt_format import PromptFormat
+from skiptrain.shipped.prompt_format import PromptFormat
 from skiptrain.training.checkpoints import checkpoint_layout, checkpoint_metadata
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ class PromptFormatError(ValueError):
     exit_code = 2
 
 
-Source = str | Mapping[str, Any]
+PromptSource = str | Mapping[str, Any]
 """What fills a template: a bare string for a one-field template, or an object of field values (or its JSON text), or
 a chat ``{"messages": [...]}``."""
 
@@ -116,7 +116,7 @@ class PromptFormat:
         """Whether prompts are used as given (the ``{source}`` template, no chat template, no limit)."""
         return self == PromptFormat()
 
-    def prompt_of(self, source: Source) -> tuple[list[Turn], dict[str, str]]:
+    def prompt_of(self, source: PromptSource) -> tuple[list[Turn], dict[str, str]]:
         """The chat history and the field values of one source (the history is empty unless it is a chat).
 
         Raises:
@@ -135,7 +135,7 @@ class PromptFormat:
                                     "the user's (the reply is generated)")
         return turns[:-1], {SOURCE_FIELD: turns[-1]["content"]}
 
-    def values(self, source: Source) -> dict[str, str]:
+    def values(self, source: PromptSource) -> dict[str, str]:
         """The field values of one source: a bare string fills a one-field template; an object (or its JSON text)
         names every field.
 
@@ -187,7 +187,7 @@ class PromptFormat:
         n_suffix = special_token_counts(tokenizer)[1]
         return [list(ids[: len(ids) - n_suffix]) for ids in tokenizer(list(texts))["input_ids"]]
 
-    def encode(self, tokenizer: Any, sources: Sequence[Source]) -> tuple[list[str], list[list[int]]]:
+    def encode(self, tokenizer: Any, sources: Sequence[PromptSource]) -> tuple[list[str], list[list[int]]]:
         """Prompt texts and ids of ``sources``, fitted to ``max_source_tokens`` (oldest chat turns dropped, then the
         last field trimmed).
 
@@ -278,5 +278,5 @@ def special_token_counts(tokenizer: Any) -> tuple[int, int]:
     return 0, 0
 
 
-__all__ = ["MESSAGES", "RAW_TEMPLATE", "ROLES", "SOURCE_FIELD", "PromptFormat", "PromptFormatError", "Source", "Turn",
-           "chat_turns", "special_token_counts"]
+__all__ = ["MESSAGES", "RAW_TEMPLATE", "ROLES", "SOURCE_FIELD", "PromptFormat", "PromptFormatError", "PromptSource",
+           "Turn", "chat_turns", "special_token_counts"]

@@ -1,0 +1,73 @@
+"""The KV cache generate decodes into under a schedule, whose attention masks follow the layers that run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from transformers import DynamicCache
+
+from .schedule import SkipScheduleError
+
+
+class SkipCache(DynamicCache):
+    """transformers' ``DynamicCache``, with each call's attention masks sized by the longest cache of a layer's kind.
+
+    transformers sizes the masks of every sliding (or every global) layer by the first layer of that kind. Under a
+    schedule that layer may have been skipped, and its cache then ends early (Gemma 2's first global layer is layer 1);
+    every layer that still runs holds every earlier column, so the longest cache of the kind is theirs. With a single
+    kind of layer the longest is layer 0's, which always runs: the masks are transformers' own.
+    """
+
+    def _longest_of_kind(self, layer_idx: int) -> int:
+        if layer_idx >= len(self.layers):  # not made yet (a cache built without a config)
+            return layer_idx
+        kind = self.is_sliding[layer_idx]
+        same = [i for i, sliding in enumerate(self.is_sliding) if sliding == kind]
+        return max(same, key=lambda i: self.layers[i].get_seq_length())
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return super().get_mask_sizes(query_length, self._longest_of_kind(layer_idx))
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return super().get_query_offset(self._longest_of_kind(layer_idx))
+
+
+def has_layer_kinds(config: Any) -> bool:
+    """Whether a model mixes sliding-window and global attention layers (Gemma 2 and 3)."""
+    return len(set(getattr(config, "layer_types", None) or ())) > 1
+
+
+def decode_into_skip_cache(model: nn.Module, kwargs: dict[str, Any]) -> None:
+    """Give ``generate`` ``kwargs`` a :class:`SkipCache` where transformers would make a ``DynamicCache``, and where
+    a model with sliding-window and global layers would get a static cache only because its generation config
+    defaults to one (Gemma checkpoints ask for ``"hybrid"``): the tokens are the same, and its masks are right.
+
+    Raises:
+        SkipScheduleError: for a model with layer kinds given another cache, or asked for another
+            ``cache_implementation`` (as an argument or in the ``generation_config`` passed).
+    """
+    layer_kinds = has_layer_kinds(model.config)
+    passed = kwargs.get("cache", kwargs.get("past_key_values"))
+    if passed is not None:
+        if layer_kinds and not isinstance(passed, SkipCache):
+            raise SkipScheduleError(f"a {type(passed).__name__} was passed for a model with sliding-window and global "
+                                    "layers: allowed none (generate makes a cache whose masks follow the layers that "
+                                    "run)")
+        return
+    requested = kwargs.get("generation_config")
+    if kwargs.get("use_cache", (requested or model.generation_config).use_cache) is False:
+        return
+    asked = kwargs.get("cache_implementation", getattr(requested, "cache_implementation", None))
+    if asked not in (None, "dynamic"):
+        if layer_kinds:
+            raise SkipScheduleError(f"cache_implementation={asked!r} is invalid for a model with sliding-window and "
+                                    "global layers: allowed None or 'dynamic'")
+        return
+    default = model.generation_config.cache_implementation
+    if asked is None and default not in (None, "dynamic"):
+        if not layer_kinds:
+            return  # the static cache the model's generation config asks for
+        kwargs["cache_implementation"] = None
+    kwargs.pop("past_key_values", None)
+    kwargs["cache"] = SkipCache(config=model.config.get_text_config(decoder=True))

@@ -1,0 +1,125 @@
+"""``generate(speculative_tokens=K)``: lossless self-speculative decoding through the gated transformers model.
+
+:func:`lossless_sequences` runs the ``speculate`` loop (``speculate.py``) with :class:`GatedSteps`: drafts go
+through the decoder layers the schedule runs for their generated index, prefill and verification through all of
+them, on one ``SkipCache``. It takes transformers' greedy and sampling options (temperature, top-k,
+top-p, as :func:`sampling_warpers` builds them) and returns what transformers' ``generate`` returns by default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from .cache import SkipCache
+from .gates import ColumnGate, checked_layers, gates_installed, own_forwards
+from .schedule import SkipScheduleError, read_schedule
+from .speculate import crop_cache, sliding_window_of, speculate
+
+
+class GatedSteps:
+    """:class:`SpeculativeSteps` through the model's own forward, decoder layers gated by a :class:`ColumnGate`.
+
+    A draft for generated index ``g`` runs ``executed_layers[g]``; prefill and verification run every layer.
+
+    Args:
+        model: The exported causal LM (its layers gated while decoding).
+        gate: The gate of its layers; its ``active`` set is chosen here per call.
+    """
+
+    def __init__(self, model: nn.Module, gate: ColumnGate) -> None:
+        self.model, self.gate = model, gate
+        self.cache = SkipCache(config=model.config)
+        self.every_layer = frozenset(range(model.config.num_hidden_layers))
+
+    def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: frozenset[int],
+                last_only: bool) -> torch.Tensor:
+        self.gate.active = layers
+        past = self.cache.get_seq_length()
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # as transformers' generate
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                            cache=self.cache, use_cache=True, logits_to_keep=int(last_only)).logits
+        return (logits[:, -1] if last_only else logits).float()
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self._logits(input_ids, attention_mask, self.every_layer, last_only=True)
+
+    def draft(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: int) -> torch.Tensor:
+        layers = frozenset(self.gate.table[min(index, len(self.gate.table) - 1)])
+        return self._logits(input_ids, attention_mask, layers, last_only=True)
+
+    def verify(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: int) -> torch.Tensor:
+        crop_cache(self.cache, past)
+        return self._logits(input_ids, attention_mask, self.every_layer, last_only=False)
+
+
+SPECULATIVE_OPTIONS = {"input_ids", "inputs", "attention_mask", "max_new_tokens", "do_sample", "temperature", "top_k",
+                       "top_p", "eos_token_id", "pad_token_id", "use_cache", "trust_remote_code", "custom_generate",
+                       "tokenizer"}
+"""What ``generate(speculative_tokens=K)`` accepts; other options (beam search, processors, streamers) are refused."""
+
+
+def sampling_warpers(do_sample: bool | None, temperature: float | None, top_k: int | None,
+                     top_p: float | None) -> LogitsProcessorList:
+    """transformers' logits warpers for sampling options (``None``: the option is unset); none for greedy decoding.
+
+    The same warpers skiptrain's ``SamplingConfig.warpers`` builds for the same options (a test keeps them equal).
+    """
+    warpers = LogitsProcessorList()
+    if do_sample:
+        if temperature not in (None, 1.0):
+            warpers.append(TemperatureLogitsWarper(temperature))
+        if top_k:
+            warpers.append(TopKLogitsWarper(top_k))
+        if top_p not in (None, 1.0):
+            warpers.append(TopPLogitsWarper(top_p))
+    return warpers
+
+
+def lossless_sequences(model: nn.Module, prompt: torch.Tensor, draft_tokens: int, **kwargs: Any) -> torch.Tensor:
+    """The sequences of full-depth greedy decoding or sampling, drafted ``draft_tokens`` tokens per verification
+    under the ``config.json`` schedule.
+
+    Returns ``[B, P + G]`` sequences (prompt, then the generated tokens, ``pad_token_id`` after a row's end), as
+    transformers' ``generate`` does with its default ``return_dict_in_generate=False``. Sampling draws from torch's
+    global generator.
+
+    Raises:
+        SkipScheduleError: for an option the lossless mode does not take, a missing ``max_new_tokens``, or
+            ``speculative_tokens`` above it.
+    """
+    config = model.generation_config
+    unsupported = sorted(set(kwargs) - SPECULATIVE_OPTIONS)
+    if unsupported:
+        raise SkipScheduleError(f"generate(speculative_tokens=...) does not take {unsupported}: allowed "
+                                f"{sorted(SPECULATIVE_OPTIONS - {'inputs', 'trust_remote_code', 'custom_generate'})}")
+    max_new_tokens = kwargs.get("max_new_tokens") or config.max_new_tokens
+    if not max_new_tokens:
+        raise SkipScheduleError("generate(speculative_tokens=...) needs max_new_tokens: allowed an integer >= 1")
+    if draft_tokens > max_new_tokens:
+        raise SkipScheduleError(f"speculative_tokens={draft_tokens} is invalid with max_new_tokens={max_new_tokens}: "
+                                f"allowed 0 <= speculative_tokens <= {max_new_tokens}")
+    setting = {name: kwargs.get(name, getattr(config, name, None))
+               for name in ("do_sample", "temperature", "top_k", "top_p", "eos_token_id", "pad_token_id")}
+    warpers = sampling_warpers(setting["do_sample"], setting["temperature"], setting["top_k"], setting["top_p"])
+    pad = setting["pad_token_id"]
+    eos = setting["eos_token_id"]
+    mask = kwargs.get("attention_mask")
+    mask = torch.ones_like(prompt) if mask is None else mask
+    _, table = read_schedule(model.config)
+    if sliding_window_of(model.config) is not None:
+        raise SkipScheduleError(f"speculative_tokens={draft_tokens} is invalid for sliding-window attention "
+                                f"(sliding_window={sliding_window_of(model.config)}): allowed full-attention models; "
+                                "decode without speculative_tokens")
+    layers = checked_layers(model)
+    gate = ColumnGate(prompt.shape[1], range(len(layers)), table)
+    with gates_installed(layers, own_forwards(layers), gate):
+        tokens, _, _ = speculate(
+            GatedSteps(model, gate), prompt, mask, max_new_tokens, draft_tokens, eos,
+            pad if pad is not None else 0, do_sample=bool(setting["do_sample"]), warpers=warpers,
+        )
+    return torch.cat([prompt, tokens], dim=1)

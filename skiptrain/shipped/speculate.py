@@ -1,0 +1,253 @@
+"""Lossless self-speculative decoding: exactly full-depth output, with the schedule only buying speed.
+
+The schedule drafts K tokens one column at a time, one full-depth forward over those K + 1 columns verifies them,
+and the longest agreeing prefix is kept (greedy), or the rejection rule of Leviathan et al. (arXiv 2211.17192)
+decides (sampling), so the output distribution is the full-depth one. One KV cache serves both: before verification
+every layer is cut back to the columns verified before, so afterwards it holds full-depth keys and values for every
+column; a row's rejected columns are then masked as padding.
+
+:func:`speculate` is the loop, over any :class:`SpeculativeSteps` (the forward calls on one cache): the export's
+``generate(speculative_tokens=K)`` runs it through the gated transformers model, and skiptrain's own lossless
+decoder (``skiptrain.frontends.speculative``) through skiptrain's skip-aware forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from transformers import DynamicCache, LogitsProcessorList
+
+
+class SpeculativeSteps(Protocol):
+    """The forward calls :func:`speculate` makes, on one KV cache (logits as float32)."""
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Run the prompts ``[B, P]`` at full depth into the empty cache; logits ``[B, V]`` of the first token."""
+
+    def draft(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, index: int) -> torch.Tensor:
+        """Run one column ``[B, 1]`` through the draft's layers for generated index ``index``; logits ``[B, V]``."""
+
+    def verify(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: int) -> torch.Tensor:
+        """Cut every layer's cache to ``past`` columns, run ``[B, q]`` columns at full depth; logits ``[B, q, V]``."""
+
+
+@dataclass
+class SpeculationStats:
+    """Counts of one speculative decode, over the rows still generating at each verification.
+
+    Attributes:
+        verifications: Full-depth verification forwards (all rows together).
+        draft_steps: Draft forwards (one column each, all rows together).
+        judged: Draft tokens the verifier judged: each row's drafts up to and including its first rejected one.
+        accepted: Draft tokens the verifier accepted.
+        row_verifications: Verifications counted once per row still generating.
+        committed: Tokens kept, over all rows and verifications.
+    """
+
+    verifications: int = 0
+    draft_steps: int = 0
+    judged: int = 0
+    accepted: int = 0
+    row_verifications: int = 0
+    committed: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted over judged drafts: the per-token acceptance probability ``a`` of Leviathan et al."""
+        return self.accepted / self.judged if self.judged else 0.0
+
+    @property
+    def tokens_per_verification(self) -> float:
+        """Tokens a row keeps per verification."""
+        return self.committed / self.row_verifications if self.row_verifications else 0.0
+
+    def add(self, other: SpeculationStats) -> SpeculationStats:
+        """The counts of both decodes."""
+        return SpeculationStats(*(getattr(self, name) + getattr(other, name) for name in vars(self)))
+
+
+def speedup_bound(acceptance: float, draft_tokens: int, draft_cost: float) -> float:
+    """``(1 - a^(K+1)) / ((1 - a)(K c + 1))``: expected tokens per verification over its cost in full-depth steps.
+
+    Args:
+        acceptance: ``a``, the per-token acceptance probability.
+        draft_tokens: ``K``, draft tokens per verification.
+        draft_cost: ``c``, a draft step's cost relative to a full-depth step (verification counted as one step).
+    """
+    tokens = draft_tokens + 1 if acceptance >= 1 else (1 - acceptance ** (draft_tokens + 1)) / (1 - acceptance)
+    return tokens / (draft_tokens * draft_cost + 1)
+
+
+def greedy_acceptance(verified: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy rule: keep drafts while they equal the full-depth argmax.
+
+    Args:
+        verified: ``[B, k + 1, V]`` full-depth logits at the column before each draft, and after the last.
+        drafts: ``[B, k]`` draft tokens.
+
+    Returns:
+        ``(tokens [B, k + 1], accepted [B])``: row ``b``'s exact tokens are ``tokens[b, :accepted[b] + 1]``.
+    """
+    tokens = verified.argmax(-1)  # [B, k + 1]
+    accepted = (drafts == tokens[:, :-1]).long().cumprod(1).sum(1)  # [B]
+    return tokens, accepted
+
+
+def sampled_acceptance(
+    verified: torch.Tensor, drafted: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rejection rule of Leviathan et al.: each token's distribution is the full-depth ``p``.
+
+    Draft ``d ~ q`` is accepted with probability ``min(1, p(d) / q(d))``; the first rejected one is replaced by a
+    sample of ``max(p - q, 0)`` (normalised), and when all are accepted one more token is sampled from ``p``.
+
+    Args:
+        verified: ``[B, k + 1, V]`` full-depth probabilities ``p`` (after the logits warpers).
+        drafted: ``[B, k, V]`` draft probabilities ``q`` the drafts were sampled from.
+        drafts: ``[B, k]`` draft tokens.
+        generator: Random generator.
+
+    Returns:
+        As :func:`greedy_acceptance`.
+    """
+    batch, width, vocab = verified.shape
+    p_draft = verified[:, :-1].gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
+    q_draft = drafted.gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
+    uniform = torch.rand(p_draft.shape, generator=generator, device=verified.device)
+    accepted = (uniform * q_draft < p_draft).long().cumprod(1).sum(1)  # [B]
+    residual = torch.cat([(verified[:, :-1] - drafted).clamp(min=0), verified[:, -1:]], dim=1)  # [B, k + 1, V]
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, verified)  # p == q: nothing to correct
+    replaced = torch.multinomial(residual.reshape(-1, vocab), 1, generator=generator).view(batch, width)
+    tokens = torch.cat([drafts, replaced[:, -1:]], dim=1)
+    rows = torch.arange(batch, device=verified.device)
+    tokens[rows, accepted] = replaced[rows, accepted]
+    return tokens, accepted
+
+
+@torch.no_grad()
+def speculate(
+    steps: SpeculativeSteps,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    draft_tokens: int,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int = 0,
+    do_sample: bool = False,
+    warpers: LogitsProcessorList | None = None,
+    generator: torch.Generator | None = None,
+    batch_minimum: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, SpeculationStats]:
+    """Decode left-padded prompts: the full-depth output, drafted ``draft_tokens`` tokens per verification.
+
+    All rows draft and verify the same columns, so one cache serves the batch; each row keeps its own exact tokens
+    and its rejected columns become padding (attention mask 0), so a row's tokens are its full-depth tokens whatever
+    the other rows accept. A draft column runs the draft's layers for the generated index of the row furthest
+    behind (by nesting, a superset of every row's own). Rows end at an end-of-sequence token (then
+    ``pad_token_id``) or at ``max_new_tokens``, as in transformers' ``generate`` and skiptrain's
+    ``generate_under_schedule``.
+
+    Args:
+        steps: The forward calls on one cache (:class:`SpeculativeSteps`).
+        input_ids: ``[B, P]`` prompts, left-padded.
+        attention_mask: ``[B, P]``.
+        max_new_tokens: Tokens per row at most.
+        draft_tokens: ``K >= 0`` drafts per verification (0: full-depth decoding one token per step).
+        eos_token_id: Token id(s) that end a row.
+        pad_token_id: Filler after a row's end.
+        do_sample: Sample (rejection rule) instead of greedy.
+        warpers: transformers' logits warpers (temperature, top-k, top-p; they read no sequence), applied to draft
+            and full depth alike.
+        generator: Random generator for sampling.
+        batch_minimum: Every row keeps only as many tokens as the row that keeps fewest (rows that end aside):
+            also lossless, and slower; kept to measure what per-row bookkeeping buys.
+
+    Returns:
+        ``(tokens [B, G], lengths [B], stats)``.
+    """
+    device = input_ids.device
+    eos = torch.tensor([] if eos_token_id is None else eos_token_id, device=device).flatten()
+    batch, past = input_ids.shape
+    rows = torch.arange(batch, device=device)
+
+    def probabilities(logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> warped softmax
+        flat = logits.reshape(-1, logits.shape[-1])
+        if warpers:
+            flat = warpers(flat.new_zeros(len(flat), 0, dtype=torch.long), flat)
+        return flat.softmax(-1).view(logits.shape)
+
+    stats = SpeculationStats()
+    first = steps.prefill(input_ids, attention_mask)
+    token = torch.multinomial(probabilities(first), 1, generator=generator).squeeze(1) if do_sample \
+        else first.argmax(-1)  # [B]
+    tokens = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    tokens[:, 0] = token
+    counts = torch.ones(batch, dtype=torch.long, device=device)  # tokens generated per row
+    finished = torch.isin(token, eos) | (counts >= max_new_tokens)
+    mask = attention_mask
+    ones = torch.ones(batch, draft_tokens + 1, dtype=mask.dtype, device=device)
+    while not bool(finished.all()):
+        active, remaining = ~finished, max_new_tokens - counts
+        k = min(draft_tokens, int(remaining[active].max()) - 1)
+        index = int(counts[active].min()) - 1  # generated index of the fed token of the row furthest behind
+        column, drafts, drafted = token, [], []
+        for j in range(k):
+            logits = steps.draft(column[:, None], torch.cat([mask, ones[:, : j + 1]], dim=1), index + j)
+            if do_sample:
+                drafted.append(probabilities(logits))
+                column = torch.multinomial(drafted[-1], 1, generator=generator).squeeze(1)
+            else:
+                column = logits.argmax(-1)
+            drafts.append(column)
+        draft = torch.stack(drafts, 1) if drafts else token.new_zeros(batch, 0)  # [B, k]
+        verified = steps.verify(torch.cat([token[:, None], draft], 1), torch.cat([mask, ones[:, : k + 1]], 1), past)
+        if do_sample:
+            drafted_probs = torch.stack(drafted, 1) if drafted else verified.new_zeros(batch, 0, verified.shape[-1])
+            chosen, accepted = sampled_acceptance(probabilities(verified), drafted_probs, draft, generator)
+        else:
+            chosen, accepted = greedy_acceptance(verified, draft)
+        width = torch.arange(k + 1, device=device)
+        exact = width <= accepted[:, None]  # [B, k + 1]
+        ends = torch.isin(chosen, eos) & exact
+        kept = torch.where(ends.any(1), ends.int().argmax(1) + 1, accepted + 1).minimum(remaining)
+        kept = kept.masked_fill(finished, 0)
+        if batch_minimum:
+            open_rows = active & (kept == accepted + 1) & (kept < remaining)  # rows that neither end nor fill up
+            if bool(open_rows.any()):
+                kept = kept.minimum(kept[open_rows].min())
+        keep = width < kept[:, None]  # [B, k + 1]
+        tokens[rows[:, None].expand_as(keep)[keep], (counts[:, None] + width)[keep]] = chosen[keep]
+        counts += kept
+        finished |= (torch.isin(chosen, eos) & keep).any(1) | (counts >= max_new_tokens)
+        stats.verifications += 1
+        stats.draft_steps += k
+        stats.judged += int(torch.minimum(accepted + 1, torch.full_like(accepted, k))[active].sum())
+        stats.accepted += int(accepted[active].sum())
+        stats.row_verifications += int(active.sum())
+        stats.committed += int(kept.sum())
+        mask = torch.cat([mask, keep.to(mask.dtype)], dim=1)  # rejected columns become padding
+        past += k + 1
+        token = chosen[rows, (kept - 1).clamp(min=0)].masked_fill(kept == 0, pad_token_id)
+    width = int(counts.max())
+    return tokens[:, :width], counts, stats
+
+
+def sliding_window_of(config: Any) -> int | None:
+    """The sliding attention window of a model config, ``None`` for full attention in every layer.
+
+    Speculative decoding refuses such models: a row's rejected columns stay in the cache as padding, and a window
+    counted in cache columns would then cover fewer of that row's tokens than full-depth decoding sees.
+    """
+    window = getattr(config, "sliding_window", None)
+    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ()) or (
+        window is not None and getattr(config, "use_sliding_window", True))
+    return window if sliding else None
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Cut every layer of ``cache`` to its first ``length`` columns (layers differ in length after a draft)."""
+    for layer in cache.layers:
+        layer.crop(min(0, length - layer.get_seq_length()))
