@@ -111,7 +111,8 @@ def test_an_export_decodes_bare_sources_with_its_training_prompts(templated, tmp
     def decoded(prompt_ids: list[list[int]]) -> list[list[int]]:
         batch = collate_prompts(prompt_ids, tokenizer.pad_token_id)
         out = generate_under_schedule(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
-                                      NEW_TOKENS, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+                                      NEW_TOKENS, eos_token_id=tokenizer.eos_token_id,
+                                      pad_token_id=tokenizer.pad_token_id)
         return [row[:n] for row, n in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True)]
 
     assert [row["token_ids"] for row in rows] == decoded(raw_ids) != decoded(expected), "decoded from the raw ids"
