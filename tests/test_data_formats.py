@@ -164,6 +164,14 @@ def test_a_messages_export_answers_a_chat_prompt_with_the_training_prompt_ids(ch
     out = hf.generate(sources=[{"messages": chat}], tokenizer=tokenizer, max_new_tokens=3, do_sample=False)
     assert out[0, :len(ids)].tolist() == ids
 
+    # `skiptrain generate` answers the same chat given as a prompt line, under the schedule, as transformers does
+    prompts = write_jsonl(tmp_path / "chat.jsonl", [{"messages": chat}])
+    report = main(["generate", "--model.model", str(export), "--prompts", prompts, "--max_new_tokens", "3",
+                   "--output", str(tmp_path / "answers.jsonl"), "--trainer.accelerator", "cpu"])
+    (answer,) = report.completions
+    assert answer.token_ids == out[0, len(ids):].tolist()
+    assert json.loads((tmp_path / "answers.jsonl").read_text())["completion"] == answer.completion
+
 
 # -- the prompt format of a chat ------------------------------------------------------------------------------------
 def test_a_chat_source_renders_through_the_chat_template_with_the_generation_prompt(chat_tokenizer):
