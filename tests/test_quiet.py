@@ -66,10 +66,13 @@ def test_only_the_listed_notices_are_dropped(caplog):
     for name in DROPPED_LOG_LINES:
         assert len(logging.getLogger(name).filters) == 1
     bnb = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    notice = "Failed to load CPU gemm_4bit_forward from kernels-community: no kernels."
     with caplog.at_level(logging.WARNING, logger=bnb.name):
-        bnb.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s.", "no kernels")
-        bnb.warning("another bitsandbytes warning")
-    assert [r.getMessage() for r in caplog.records if r.name == bnb.name] == ["another bitsandbytes warning"]
+        for source, message in [("bitsandbytes/backends/cpu/ops.py", notice), ("bitsandbytes/backends/cpu/ops.py",
+                                 "another bitsandbytes warning"), ("elsewhere.py", notice)]:  # as logged from there
+            bnb.handle(bnb.makeRecord(bnb.name, logging.WARNING, source, 1, message, (), None))
+    assert [(r.module, r.getMessage()) for r in caplog.records if r.name == bnb.name] == [
+        ("ops", "another bitsandbytes warning"), ("elsewhere", notice)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         silence_third_party_noise()
