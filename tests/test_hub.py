@@ -18,6 +18,8 @@ import pytest
 from huggingface_hub import constants
 
 from skiptrain.cli.app import main
+from skiptrain.errors import ModelError
+from skiptrain.export.load import load_exported
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -208,3 +210,5 @@ def test_a_hub_id_offline_and_not_in_the_cache_is_refused_in_one_line(hub_cache,
                          "cache and the hub is offline (HF_HUB_OFFLINE=1): download it while online, give a local "
                          "directory, or use the bundled offline model 'smollm2-135m-instruct'")
     assert "Traceback" not in "\n".join(lines)
+    with pytest.raises(ModelError, match=r"^model='someone/skip-model' is not in the local Hugging Face cache"):
+        load_exported("someone/skip-model")  # the Python API says the same

@@ -21,9 +21,14 @@ from skiptrain.export.format import SCHEDULE_FILE
 from skiptrain.modeling.loading import bundled_model, not_cached_offline
 
 
-def hub_export(name: str | os.PathLike) -> Path | None:
+def hub_export(name: str | os.PathLike, required: bool = False) -> Path | None:
     """The local copy of the Hub model repository ``name`` when it is a skiptrain export (it has
     ``skip_schedule.json``): downloaded into huggingface_hub's cache by ``snapshot_download``, or found there offline.
+
+    Args:
+        name: A model name or path.
+        required: Refuse a repository the cache lacks while the Hub cannot be reached, rather than return ``None``
+            (whoever loads ``name`` as a pretrained model then refuses it with the same words).
 
     Returns:
         The snapshot directory; ``None`` for an existing local path, a name that is no repository id (a ``.gguf``
@@ -31,8 +36,8 @@ def hub_export(name: str | os.PathLike) -> Path | None:
         id, which loading then names).
 
     Raises:
-        ModelError: in one line, when the Hub cannot be reached (``HF_HUB_OFFLINE=1`` or no network) and the
-            repository is not in the cache, or the download fails.
+        ModelError: in one line, with ``required`` when the Hub cannot be reached (``HF_HUB_OFFLINE=1`` or no
+            network) and the repository is not in the cache; or when the download fails.
     """
     name = str(name)
     if Path(name).expanduser().exists() or name.endswith(".gguf") or bundled_model(name) is not None:
@@ -41,8 +46,8 @@ def hub_export(name: str | os.PathLike) -> Path | None:
         validate_repo_id(name)
         hf_hub_download(name, SCHEDULE_FILE)  # from the cache when the Hub cannot be reached
     except LocalEntryNotFoundError as err:  # the Hub cannot be reached, and the file is not in the cache
-        if _cached_snapshot(name) is not None:
-            return None  # a plain model in the cache: an export's snapshot holds its skip_schedule.json
+        if not required or _cached_snapshot(name) is not None:
+            return None  # a plain model in the cache (an export's snapshot holds its skip_schedule.json), or unknown
         offline = huggingface_hub.is_offline_mode()
         raise not_cached_offline(name, "the hub is offline (HF_HUB_OFFLINE=1)" if offline else
                                  "the Hugging Face Hub cannot be reached") from err

@@ -66,7 +66,7 @@ def load_exported(
     """
     from transformers import AutoTokenizer
 
-    directory = hub_export(path) or Path(path)
+    directory = hub_export(path, required=True) or Path(path)
     record = verify_export(directory)
     if is_adapter_export(directory):
         quantization = Quantization.from_hparams(record.base_quantization)
