@@ -25,6 +25,7 @@ NOTICES = (
     "async_io",  # DeepSpeed, as it is imported
     "libaio",
     "💡 Tip",
+    "No seed found",  # Lightning, repeated by its "Seed set to 0"
 )
 
 

@@ -8,7 +8,8 @@ Only these are dropped, so any other warning or log line still shows:
 - bitsandbytes' advice to ``pip install kernels`` for a faster CPU 4-bit kernel, logged as it is imported;
 - DeepSpeed's "Setting accelerator to CPU" line, logged as it is imported on a machine without a GPU;
 - Lightning's notice that ``tensorboardX`` is no longer its dependency, given when a trainer is built without a
-  logger (``export``, ``generate``).
+  logger (``export``, ``generate``), and its warning "No seed found, seed set to 0", which its info line
+  "Seed set to 0" repeats.
 
 The filters must be installed before those packages are imported: the ``skiptrain.cli`` package installs them as
 it is imported (:func:`silence_third_party_noise`), so every command, ``--help`` included, starts quiet.
@@ -36,6 +37,7 @@ DROPPED_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
     (r"`is_gradient_checkpointing` is deprecated", FutureWarning, r"transformers\.modeling_utils"),
     (r"Starting from v1\.9\.0, `tensorboardX` has been removed", UserWarning,
      r"lightning\.pytorch\.trainer\.connectors\.logger_connector"),
+    (r"No seed found, seed set to", UserWarning, r"lightning\.fabric\.utilities\.seed"),
 )
 """Python warnings dropped."""
 
