@@ -75,7 +75,7 @@ def model_card(record: ExportRecord, adapter_only: bool = False) -> str:
         custom_generate_file=CUSTOM_GENERATE_FILE,
         training_config_file=TRAINING_CONFIG_FILE,
     )
-    return str(card)
+    return str(card).rstrip("\n") + "\n"  # Jinja drops the template's final newline
 
 
 def _describe_base(record: ExportRecord) -> str:
