@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
 
 from skiptrain.core.key_diff import KeyDiff, diff_keys, list_names
 from skiptrain.core.schedules import Dense, SkipDecode
+from skiptrain.export.card import model_card
 from skiptrain.export.format import (
     ADAPTER_CONFIG_FILE,
     CONFIG_FILE,
@@ -65,6 +67,29 @@ def test_record_round_trips_through_an_export(exports, kind):
     card = (exports[kind] / "README.md").read_text()
     assert "Task: builtin" in card and "| val/loss_skip | 1.5 |" in card and "Source: a test." in card
     assert f"over {exports['schedule'].span} generated tokens" in card
+
+
+def test_the_card_is_a_hub_model_card_with_the_runs_metadata(exports):
+    card = ModelCard.load(exports["merged"] / "README.md")
+    assert card.data.base_model == exports["record"].base_model and card.data.pipeline_tag == "text-generation"
+    assert {"skiptrain", "skip-decoding"} <= set(card.data.tags) and card.data.datasets is None  # builtin: no Hub data
+    assert card.text.lstrip().startswith("# skiptrain export")
+    schedule = exports["schedule"]
+    hub_data = ExportRecord("x", task="xsum", schedule=schedule)
+    assert ModelCard(model_card(hub_data)).data.datasets == ["EdinburghNLP/xsum"]
+    own_data = dataclasses.replace(hub_data, training_config="data:\n  dataset_id: someone/weather\n")
+    assert ModelCard(model_card(own_data)).data.datasets == ["someone/weather"]
+
+
+def test_a_bundled_base_is_recorded_by_its_hub_id_and_still_loads_by_its_name(exports):
+    record = dataclasses.replace(exports["record"], base_model="smollm2-135m-instruct", schedule=exports["schedule"])
+    written = json.loads(record.schedule_json())
+    assert written["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert written["base_model_source"] == "smollm2-135m-instruct"
+    assert ExportRecord.from_schedule_file(exports["schedule"], written).base_model == "smollm2-135m-instruct"
+    card = ModelCard(model_card(record))
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and card.data.license == "apache-2.0"
+    assert "a de-quantised Q4_1 GGUF of SmolLM2-135M-Instruct" in card.text
 
 
 def test_a_record_without_training_config_reads_back_without_one(plain, tmp_path):

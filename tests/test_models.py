@@ -1,10 +1,12 @@
 """Model loading: bundled short names, GGUF files, local directories; and the quickstart recipe itself."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 
 from skiptrain.cli.app import main
 from skiptrain.modeling.loading import load_causal_lm, load_tokenizer, resolve_model
@@ -38,14 +40,15 @@ def test_bundled_smollm2_resolves_to_the_gguf_inside_the_wheel():
 
 @needs_bundled
 def test_quickstart_recipe_trains_the_real_model_offline(tmp_path):
-    """The README's main job, shortened to two steps: real SmolLM2 weights, LoRA, skip schedule, checkpoint."""
+    """The README's main job, shortened to two steps: real SmolLM2 weights, LoRA, skip schedule, checkpoint; then
+    its export and the generation of the sample sources, skipped and dense (``--compare_dense``)."""
+    run = ["--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path)]
     cli = main([
         "fit", "--config", str(ROOT / "recipes/quickstart.yaml"),
         "--data.max_train_samples", "16", "--data.max_eval_samples", "4", "--data.eval_batch_size", "4",
         "--model.generation.max_new_tokens", "4",
         "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.num_sanity_val_steps", "0",
-        "--trainer.limit_val_batches", "1",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+        "--trainer.limit_val_batches", "1", *run,
     ])
     assert cli.trainer.global_step == 2
     assert cli.model.schedule.num_layers == 30 and cli.model.schedule.family == "skipdecode"
@@ -54,3 +57,20 @@ def test_quickstart_recipe_trains_the_real_model_offline(tmp_path):
     # a pretrained model already knows English: far below the uniform-guess loss log(49152) = 10.8
     assert metrics["val/loss_dense"] < 6
     assert list(tmp_path.rglob("*.ckpt"))
+
+    export = tmp_path / "export"
+    main(["export", "--config", str(ROOT / "recipes/quickstart.yaml"), "--ckpt_path", "last",
+          "--output_dir", str(export), "--overwrite", "true", *run])
+    schedule = json.loads((export / "skip_schedule.json").read_text())
+    assert schedule["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert schedule["base_model_source"] == "smollm2-135m-instruct" and schedule["checkpoint"]["step"] == 2
+    card = ModelCard.load(export / "README.md")
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and "skip-decoding" in card.data.tags
+    assert "a de-quantised Q4_1 GGUF of SmolLM2-135M-Instruct" in card.text
+
+    completions = tmp_path / "completions.jsonl"
+    main(["generate", "--model.model", str(export), "--prompts", str(ROOT / "recipes/quickstart_prompts.jsonl"),
+          "--compare_dense", "true", "--max_new_tokens", "4", "--output", str(completions)])
+    sources = [json.loads(line)["prompt"] for line in (ROOT / "recipes/quickstart_prompts.jsonl").open()]
+    rows = [json.loads(line) for line in completions.open()]
+    assert [row["prompt"] for row in rows] == sources and all(row["num_tokens"] > 0 for row in rows)

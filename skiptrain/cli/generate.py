@@ -22,6 +22,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 from skiptrain.core.schedule_files import schedule_from_file
 from skiptrain.errors import InputError, UsageError
 from skiptrain.export.format import is_export, read_record
+from skiptrain.export.hub import hub_export
 from skiptrain.export.load import load_exported
 from skiptrain.export.verify import export_config
 from skiptrain.frontends.decode import Decoder
@@ -104,7 +105,7 @@ def wants_training_stack(args: Sequence[str]) -> bool:
         elif name[2:] in STACK_KEYS:
             found[name[2:]] = value
     model = found.get("model.model")
-    return bool(found.get("ckpt_path")) or (model is not None and not is_export(str(model)))
+    return bool(found.get("ckpt_path")) or (model is not None and not is_export(_local(str(model))))
 
 
 def _named_values(args: Sequence[str]) -> list[tuple[str, str]]:
@@ -202,6 +203,12 @@ def placement_for(accelerator: str, precision: str | None) -> tuple[str, Callabl
     return device, nullcontext, dtype
 
 
+def _local(model: str) -> str:
+    """The local directory of an export given by its Hub repo id (downloaded once into huggingface_hub's cache), or
+    ``model`` as given."""
+    return str(hub_export(model) or model)
+
+
 def main(args: Sequence[str]) -> Any:
     """Run ``skiptrain generate`` on an export: every option checked, the prompts read and fitted, before any
     weights load."""
@@ -211,7 +218,7 @@ def main(args: Sequence[str]) -> Any:
     config = p.instantiate_classes(config)
     request = request_from(config)
     device, context, dtype = placement_for(config.trainer.accelerator, config.trainer.precision)
-    export = config.model.model
+    export = _local(config.model.model)
     model_config = export_config(export)  # a missing or broken export is refused here, by name, before its weights
     check_full_attention(request.speculative, model_config)
     draft = request.draft_schedule and schedule_from_file(request.draft_schedule, model_config.num_hidden_layers,

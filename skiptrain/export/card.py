@@ -1,18 +1,38 @@
-"""The model card (``README.md``) of an export, filled from ``model_card.md`` beside this module."""
+"""The model card (``README.md``) of an export: huggingface_hub's :class:`~huggingface_hub.ModelCard`, its metadata a
+:class:`~huggingface_hub.ModelCardData` and its text the Jinja template ``model_card.md`` beside this module."""
 
 from __future__ import annotations
 
 import json
 from importlib.resources import files
-from string import Template
+
+import yaml
+from huggingface_hub import ModelCard, ModelCardData
 
 from skiptrain.core.speedup import cost_summary
 from skiptrain.export.format import CONFIG_FILE, CONFIG_KEY, CUSTOM_GENERATE_FILE, SCHEDULE_FILE, TRAINING_CONFIG_FILE
 from skiptrain.export.record import NOT_RECORDED, ExportRecord
+from skiptrain.modeling.loading import bundled_model
 from skiptrain.modeling.quantization import Quantization
 from skiptrain.shipped.prompt_format import PromptFormat
+from skiptrain.text.tasks import TASKS
 
-TEMPLATE = Template(files("skiptrain.export").joinpath("model_card.md").read_text())
+TEMPLATE = files("skiptrain.export").joinpath("model_card.md").read_text()
+TAGS = ["skiptrain", "skip-decoding", "layer-skipping"]
+"""The card's Hub tags."""
+
+
+def card_data(record: ExportRecord) -> ModelCardData:
+    """The card's metadata: base model (its Hub id), datasets, pipeline, license and tags."""
+    bundled = bundled_model(record.base_model)
+    return ModelCardData(
+        base_model=record.base_model_id,
+        datasets=_datasets(record),
+        pipeline_tag="text-generation",
+        library_name="transformers",
+        license=bundled.license if bundled is not None else None,
+        tags=TAGS,
+    )
 
 
 def model_card(record: ExportRecord, adapter_only: bool = False) -> str:
@@ -25,7 +45,7 @@ def model_card(record: ExportRecord, adapter_only: bool = False) -> str:
         else f"Validation metrics: {NOT_RECORDED}."
     )
     weights = (
-        f"The peft LoRA adapter alone; apply it to `{record.base_model}` (the base model)."
+        f"The peft LoRA adapter alone; apply it to `{record.base_model}` (the base model, as skiptrain loads it)."
         if adapter_only
         else "Merged weights (safetensors): a plain Hugging Face model."
     )
@@ -33,8 +53,10 @@ def model_card(record: ExportRecord, adapter_only: bool = False) -> str:
         weights += f"\n- {_quantization_note(record, adapter_only)}"
     trained = "fine-tuned with the schedule in its forward pass" if record.trained_with_schedule else (
         "NOT fine-tuned with the schedule (the schedule was only attached)")
-    return TEMPLATE.substitute(
-        base_model=record.base_model,
+    card = ModelCard.from_template(
+        card_data(record),
+        template_str=TEMPLATE,
+        base=_describe_base(record),
         task=record.task or NOT_RECORDED,
         weights=weights,
         family=schedule.family,
@@ -53,6 +75,29 @@ def model_card(record: ExportRecord, adapter_only: bool = False) -> str:
         custom_generate_file=CUSTOM_GENERATE_FILE,
         training_config_file=TRAINING_CONFIG_FILE,
     )
+    return str(card).rstrip("\n") + "\n"  # Jinja drops the template's final newline
+
+
+def _describe_base(record: ExportRecord) -> str:
+    """The base model, and for a bundled one what its weights are."""
+    bundled = bundled_model(record.base_model)
+    if bundled is None:
+        return f"`{record.base_model_id}`"
+    return (f"`{bundled.hub_id}`; the weights fine-tuned here are {bundled.describe()} (skiptrain's bundled "
+            f"`{record.base_model}`)")
+
+
+def _datasets(record: ExportRecord) -> list[str] | None:
+    """The Hub dataset the run trained on: the training config's ``data.dataset_id``, else its task's default."""
+    try:
+        data = (yaml.safe_load(record.training_config or "") or {}).get("data") or {}
+    except yaml.YAMLError:
+        data = {}
+    data = data.get("init_args", data) if isinstance(data, dict) else {}
+    dataset_id = data.get("dataset_id")
+    if dataset_id is None and record.task in TASKS:
+        dataset_id = TASKS[record.task].dataset_id
+    return [dataset_id] if isinstance(dataset_id, str) and dataset_id else None
 
 
 def _describe_prompt_format(prompt_format: PromptFormat | None) -> str:

@@ -14,6 +14,7 @@ from torch import nn
 
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.export.format import is_adapter_export
+from skiptrain.export.hub import hub_export
 from skiptrain.export.record import ExportRecord
 from skiptrain.export.verify import check_exported_adapter, verify_export
 from skiptrain.export.write import merged_model
@@ -54,16 +55,18 @@ def load_exported(
     The export is verified (:func:`verify_export`, as when it was written) before any weights are loaded.
 
     Args:
-        path: The export directory (merged weights, or an adapter-only export whose base model is loadable).
+        path: The export directory (merged weights, or an adapter-only export whose base model is loadable), or
+            the Hub repository id of an export, fetched through huggingface_hub's cache (:func:`hub_export`).
         attn_implementation: ``sdpa`` or ``eager``.
         dtype: Weight dtype (default float32).
 
     Raises:
         ExportError: for any defect :func:`verify_export` refuses, or adapter tensors that do not fit the base.
+        ModelError: for a Hub id that cannot be fetched (:func:`hub_export`).
     """
     from transformers import AutoTokenizer
 
-    directory = Path(path)
+    directory = hub_export(path, required=True) or Path(path)
     record = verify_export(directory)
     if is_adapter_export(directory):
         quantization = Quantization.from_hparams(record.base_quantization)

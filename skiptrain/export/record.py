@@ -5,7 +5,9 @@ One typed record is written by :func:`~skiptrain.export.write.write_export`, rea
 spread over the export's files, whose formats are the export contract:
 
 - ``skip_schedule.json``: the schedule (:meth:`~skiptrain.core.schedules.SkipSchedule.to_dict`) plus ``producer``,
-  ``trained_with_schedule``, ``base_model``, ``base_quantization`` and, when known, ``checkpoint``
+  ``trained_with_schedule``, ``base_model`` (its Hub id where known: :attr:`ExportRecord.base_model_id`, with
+  ``base_model_source`` naming the bundled model it was loaded from), ``base_quantization`` and, when known,
+  ``checkpoint``
   (:class:`ExportedCheckpoint`) and ``prompt_format`` (:class:`~skiptrain.shipped.prompt_format.PromptFormat`)
   (:meth:`ExportRecord.schedule_json`);
 - ``training_config.yaml``: :attr:`ExportRecord.training_config`;
@@ -21,6 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 
 from skiptrain.core.schedules import SkipSchedule
+from skiptrain.modeling.loading import bundled_model
 from skiptrain.shipped.prompt_format import PromptFormat
 
 NOT_RECORDED = "not recorded"
@@ -80,8 +83,8 @@ class ExportRecord:
     """What an export records about its model and the run that produced it.
 
     Args:
-        base_model: Model the fine-tuning started from (hub id, directory, ``.gguf`` file or bundled name);
-            ``None`` only when read from a ``skip_schedule.json`` that does not name one.
+        base_model: Model the fine-tuning started from, as skiptrain loads it (hub id, directory, ``.gguf`` file or
+            bundled name); ``None`` only when read from a ``skip_schedule.json`` that does not name one.
         trained_with_schedule: Whether the weights were fine-tuned with the schedule in the forward pass.
         task: Task name of the run's data module, if known.
         training_config: YAML text of the resolved training config, if known.
@@ -109,16 +112,26 @@ class ExportRecord:
     checkpoint: ExportedCheckpoint | None = None
     prompt_format: PromptFormat | None = None
 
+    @property
+    def base_model_id(self) -> str | None:
+        """The base model as the Hub knows it: a bundled name's Hub id (the bundled weights are a quantisation of
+        that model), else :attr:`base_model` as it is."""
+        bundled = bundled_model(self.base_model)
+        return bundled.hub_id if bundled is not None else self.base_model
+
     def schedule_json(self) -> str:
-        """The text of ``skip_schedule.json``: the schedule's keys, then ``producer``, ``trained_with_schedule``
-        and ``base_model``."""
+        """The text of ``skip_schedule.json``: the schedule's keys, then ``producer``, ``trained_with_schedule``,
+        ``base_model`` (:attr:`base_model_id`) and, when that is not the name skiptrain loads, ``base_model_source``
+        (the bundled name)."""
         if self.schedule is None:
             raise ValueError("schedule=None is invalid for skip_schedule.json: allowed a SkipSchedule")
         extra: dict[str, Any] = {} if self.checkpoint is None else {"checkpoint": self.checkpoint.to_dict()}
+        if self.base_model_id != self.base_model:
+            extra["base_model_source"] = self.base_model
         if self.prompt_format is not None:
             extra["prompt_format"] = self.prompt_format.to_dict()
         return self.schedule.to_json(producer=self.producer, trained_with_schedule=self.trained_with_schedule,
-                                     base_model=self.base_model, base_quantization=self.base_quantization,
+                                     base_model=self.base_model_id, base_quantization=self.base_quantization,
                                      **extra)
 
     @classmethod
@@ -130,7 +143,7 @@ class ExportRecord:
         Task and metrics are not part of the machine-readable contract, so they come back unset.
         """
         return cls(
-            base_model=data.get("base_model"),
+            base_model=data.get("base_model_source") or data.get("base_model"),
             trained_with_schedule=bool(data.get("trained_with_schedule")),
             training_config=training_config,
             schedule=schedule,

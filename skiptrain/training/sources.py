@@ -5,7 +5,8 @@ kinds:
 
 - ``pretrained``: a hub id, a local Hugging Face directory, a ``.gguf`` file or a bundled short name
   (:func:`~skiptrain.modeling.loading.resolve_model` says where ``from_pretrained`` looks);
-- ``export``: an export directory (``skiptrain export``), which brings its weights, schedule and tokenizer;
+- ``export``: an export directory (``skiptrain export``) or the Hub id of one, which brings its weights, schedule and
+  tokenizer;
 - ``checkpoint``: a checkpoint of a fit run, a ``.ckpt`` file or a sharded DeepSpeed/FSDP directory.
 
 :func:`resolve_weights_source` tells them apart; :func:`load_trained_model` loads the causal LM of an earlier run (an
@@ -25,6 +26,7 @@ from torch import nn
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.errors import UsageError
 from skiptrain.export.format import is_export, schedule_from_export
+from skiptrain.export.hub import hub_export
 from skiptrain.export.load import ExportedModel, load_exported
 from skiptrain.export.write import merged_model
 from skiptrain.modeling.loading import load_causal_lm
@@ -62,7 +64,11 @@ def resolve_weights_source(name: str | os.PathLike) -> WeightsSource:
     """What ``name`` is: an export directory, a checkpoint of a fit run, or else a pretrained model.
 
     Nothing is loaded; a pretrained name that cannot be found is refused when it is loaded, with its own message.
+    The Hub id of an export is an export: its local copy in huggingface_hub's cache (:func:`hub_export`).
     """
+    downloaded = hub_export(name)
+    if downloaded is not None:
+        return WeightsSource(str(downloaded), "export")
     path = Path(name)
     if is_export(path):
         return WeightsSource(str(name), "export")
