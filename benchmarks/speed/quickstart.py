@@ -12,6 +12,10 @@ inflates least: on an idle machine a one-thread run's wall time is about its ``c
     python -m benchmarks.speed.quickstart --out benchmarks/results/quickstart/auto_calibrate.json --cpus 0 --threads 1 \
         --calibrate runs/quickstart_calib
 
+``--readme_job`` then times the rest of the README's main job, its ``export`` and ``generate`` commands as the
+README's quickstart block writes them (read from README.md, with ``runs/quickstart`` replaced by ``--run_dir``), and
+records each one's wall and CPU time, the speedup ``generate --compare_dense`` printed, and the job's total.
+
 ``--calibrate DIR`` then times the README's calibrate command on the run's last checkpoint (its outputs in ``DIR``,
 replaced) and records its wall and CPU time and its ``summary.json`` (the setting and the schedules it chose).
 
@@ -28,6 +32,7 @@ import json
 import os
 import re
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -35,6 +40,7 @@ from pathlib import Path
 
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 README_COMMAND = [sys.executable, "-m", "skiptrain", "fit", "--config", "recipes/quickstart.yaml"]
+README_RUN_DIR = "runs/quickstart"
 PROBE = "import json; from benchmarks.common.machine import describe; print(json.dumps(describe()))"
 """The machine as the timed run sees it: run in its environment, where AVX2-only dispatch may be emulated."""
 
@@ -75,6 +81,35 @@ def timed_run(command: list[str], env: dict, log: Path) -> tuple[int, str, float
     return result.returncode, output, wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
+def readme_job_commands(run_dir: Path) -> dict[str, list[str]]:
+    """The README quickstart block's ``skiptrain`` commands after ``fit`` (export, generate), writing under
+    ``run_dir``."""
+    block = re.search(r"## Quickstart.*?```bash\n(.*?)\n```", Path("README.md").read_text(), re.S)[1]
+    commands = {}
+    for part in block.split("&&"):
+        words = shlex.split(part.replace(README_RUN_DIR, str(run_dir)))
+        if words[:3] == ["python", "-m", "skiptrain"] and words[3] != "fit":
+            commands[words[3]] = [sys.executable, *words[1:]]
+    return commands
+
+
+def time_readme_job(run_dir: Path, pin: list[str], env: dict, out: Path) -> dict:
+    """Run and time the README's export and generate commands after the fit (logs beside ``out``)."""
+    records = {}
+    for name, command in readme_job_commands(run_dir).items():
+        if name == "export":
+            command += ["--trainer.default_root_dir", str(run_dir)]  # where the fit wrote its last checkpoint
+        code, log, wall, cpu = timed_run([*pin, *command], env, out.with_suffix(f".{name}.log"))
+        records[name] = {"command": " ".join(["python", *command[1:]]), "exit_code": code, "wall_s": round(wall, 1),
+                         "cpu_s": round(cpu, 1)}
+        speedup = re.search(r"measured speedup (\d+\.\d+)x", log)
+        if name == "generate" and speedup:
+            records[name]["printed_speedup"] = float(speedup.group(1))
+        if code:
+            break
+    return records
+
+
 def time_calibrate(run_dir: Path, out_dir: Path, pin: list[str], env: dict, out: Path) -> dict:
     """Run the README's calibrate command on the run's last checkpoint and time it (log beside ``out``)."""
     checkpoint = max(run_dir.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime)
@@ -99,6 +134,8 @@ def main() -> None:
     parser.add_argument("--cpus", help="pin to these CPUs with taskset, e.g. 0,1")
     parser.add_argument("--phases", action="store_true",
                         help="also clock setup, steps and validations in CPU time (benchmarks/speed/phase_clock.py)")
+    parser.add_argument("--readme_job", action="store_true",
+                        help="then time the README quickstart's export and generate commands too")
     parser.add_argument("--calibrate", metavar="DIR", help="then time calibrate on the run's checkpoint, into DIR")
     parser.add_argument("fit_args", nargs="*", help="extra arguments for the fit command (after --)")
     args = parser.parse_args()
@@ -139,6 +176,12 @@ def main() -> None:
     }
     if args.phases and phases.exists():
         record["phases"] = json.loads(phases.read_text())
+    if args.readme_job and code == 0:
+        record["readme_job"] = time_readme_job(run_dir, pin, env, Path(args.out))
+        record["readme_job_total"] = {key: round(wall * (key == "wall_s") + cpu * (key == "cpu_s") + sum(
+            step[key] for step in record["readme_job"].values()), 1) for key in ("wall_s", "cpu_s")}
+        record["load_average_before_after"][1] = list(os.getloadavg())
+        code = max(step["exit_code"] for step in record["readme_job"].values())
     if args.calibrate and code == 0:
         record["calibrate"] = time_calibrate(run_dir, Path(args.calibrate), pin, env, Path(args.out))
         code = record["calibrate"]["exit_code"]
