@@ -2,7 +2,7 @@
 skip-aware front-end, and what it cost.
 
 Each batch (:func:`~skiptrain.frontends.prompts.prompt_batches`) is decoded by
-:func:`~skiptrain.modeling.generation.generate`, or with ``speculative`` by
+:func:`~skiptrain.modeling.generation.generate_under_schedule`, or with ``speculative`` by
 :func:`~skiptrain.frontends.speculative.generate_lossless`, inside a fresh ``decoder.context()`` (e.g. the
 precision's autocast). The cost is :class:`DecodeStats`: wall time, and the mean executed decoder layers and ideal
 speedup over the tokens actually generated (:mod:`skiptrain.core.speedup`).
