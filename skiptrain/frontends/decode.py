@@ -120,7 +120,7 @@ def complete(
         with decoder.context():
             if request.speculative:
                 out = generate_lossless(decoder.model, ids, mask, schedule, request.max_new_tokens,
-                                           request.speculative, request.sampling, eos, tokenizer.pad_token_id)
+                                        request.speculative, request.sampling, eos, tokenizer.pad_token_id)
                 speculation, step_seconds = speculation.add(out.stats), step_seconds.add(out.seconds)
             else:
                 out = generate_under_schedule(decoder.model, ids, mask, schedule, request.max_new_tokens,

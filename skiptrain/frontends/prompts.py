@@ -18,14 +18,13 @@ from typing import Any, Literal, TextIO
 
 from skiptrain.core import log
 from skiptrain.errors import PromptError, UsageError
-from skiptrain.shipped.prompt_format import PromptFormat, PromptSource
+from skiptrain.shipped.prompt_format import ROLES, PromptFormat, PromptSource
 from skiptrain.text.batch import collate_prompts
 from skiptrain.text.encoding import tokenize_prompts
 
 STDIO = "-"
 RAW = PromptFormat()
 """Prompts used as given (``--raw_prompts true``, or a model that records no prompt format)."""
-CHAT_ROLES = ("system", "user", "assistant")
 LongPrompts = Literal["refuse", "truncate"]
 LONG_PROMPTS: tuple[LongPrompts, ...] = ("refuse", "truncate")
 
@@ -99,9 +98,9 @@ def check_chat(messages: Any, where: str) -> None:
     for turn, message in enumerate(messages, start=1):
         if not isinstance(message, Mapping) or not isinstance(message.get("content"), str):
             raise PromptError(f"{where}: message {turn} must be an object with a string 'content'")
-        if message.get("role") not in CHAT_ROLES:
+        if message.get("role") not in ROLES:
             raise PromptError(f"{where}: message {turn} has role={message.get('role')!r}: allowed one of "
-                              f"{list(CHAT_ROLES)}")
+                              f"{list(ROLES)}")
     if messages[-1]["role"] != "user":
         raise PromptError(f"{where}: the last message has role={messages[-1]['role']!r}: allowed 'user' (the turn "
                           "the model answers)")

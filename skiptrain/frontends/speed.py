@@ -168,7 +168,7 @@ def dense_step_seconds(decoder: Decoder, prompts: Sequence[PromptSource], reques
     steps = max(min(request.max_new_tokens, DENSE_STEP_TOKENS), 2)
     with decoder.context():
         out = generate_lossless(decoder.model, ids, mask, Dense().build(decoder_parts(decoder.model).num_layers),
-                                   steps, 0, request.sampling, None, decoder.tokenizer.pad_token_id)
+                                steps, 0, request.sampling, None, decoder.tokenizer.pad_token_id)
     return out.seconds.verify / out.stats.verifications
 
 
