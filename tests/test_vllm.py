@@ -37,8 +37,8 @@ CASES = "SKIPTRAIN_VLLM_CASES"
 
 def engine(export: Path, skip: bool = True, **options) -> LLM:
     """A float32 vLLM engine on ``export``, under its schedule unless ``skip`` is false (then dense)."""
-    settings = {"enforce_eager": True, "dtype": "float32", "enable_prefix_caching": False, "max_model_len": 128,
-                "block_size": BLOCK, "seed": 0, "kv_cache_memory_bytes": 16 << 20, **options}
+    settings = {"enforce_eager": True, "dtype": "float32", "max_model_len": 128, "block_size": BLOCK, "seed": 0,
+                "kv_cache_memory_bytes": 16 << 20, **options}  # prefix caching on, vLLM's default
     return LLM(model=str(export), **({"hf_overrides": hf_overrides(export)} if skip else {}), **settings)
 
 
@@ -151,6 +151,68 @@ def test_chunked_prefill_and_preemption_keep_every_token(tight_engine):
     assert_conforms(vectors, staggered_outputs(llm, vectors, every=2))
 
 
+# -- prefix caching: prompt blocks are shared, generated blocks are not reused as a prompt ----------------------------
+@pytest.fixture(scope="module")
+def prefix_engine(cases):
+    """The tiny Llama export with prefix caching (vLLM's default) and :mod:`helpers.vllm_cases`' prefix cases."""
+    if not (cases / "prefix").is_dir():
+        vllm_cases.build_prefix_cases(cases)
+    shared, turn2 = (json.loads((cases / "prefix" / name).read_text()) for name in ("shared.json", "turn2.json"))
+    llm = engine(cases / "llama" / "export", max_model_len=256, disable_log_stats=False)
+    yield llm, shared, turn2
+    close(llm)
+
+
+def some(vectors: dict, ids: list[int]) -> dict:
+    """``vectors`` with only the cases ``ids``."""
+    return {**vectors, "cases": [case for case in vectors["cases"] if case["id"] in ids]}
+
+
+def test_requests_sharing_a_system_prompt_reuse_its_blocks_and_decode_the_reference(prefix_engine):
+    llm, shared, _ = prefix_engine
+    first, others = some(shared, [0]), some(shared, [1, 2])
+    assert_conforms(first, outputs_of(llm, first))
+    before = counter(llm, "vllm:prefix_cache_hits")
+    assert_conforms(others, outputs_of(llm, others))
+    hits = counter(llm, "vllm:prefix_cache_hits") - before
+    system = len(os.path.commonprefix([case["prompt_token_ids"] for case in shared["cases"]]))
+    assert system >= 2 * BLOCK
+    assert hits >= 2 * (system // BLOCK) * BLOCK, f"{hits} prompt tokens came from the cache"
+
+
+def test_a_second_turn_holding_the_first_reply_prefills_it_and_decodes_the_reference(prefix_engine):
+    """The first turn's reply is in KV blocks computed under the schedule; the second turn's prompt holds the same
+    tokens, which the reference prefills at full depth: only the blocks inside the first turn's prompt are reused."""
+    llm, shared, turn2 = prefix_engine
+    first = some(shared, [0])
+    assert_conforms(first, outputs_of(llm, first))
+    assert turn2["cases"][0]["prompt_token_ids"][:len(first["cases"][0]["prompt_token_ids"]) + shared[
+        "max_new_tokens"]] == first["cases"][0]["prompt_token_ids"] + first["cases"][0]["token_ids"]
+    before = counter(llm, "vllm:prefix_cache_hits")
+    assert_conforms(turn2, outputs_of(llm, turn2))
+    hits = counter(llm, "vllm:prefix_cache_hits") - before
+    assert hits == len(first["cases"][0]["prompt_token_ids"]) // BLOCK * BLOCK, hits
+
+
+def test_reusing_the_first_reply_as_a_prompt_would_fail_the_second_turn(prefix_engine, monkeypatch):
+    """The check can fail: keyed as vLLM keys them, the reply's blocks are reused as the second turn's prompt."""
+    from skiptrain.serving.vllm_prefix import PromptLengthKeyed
+
+    llm, shared, turn2 = prefix_engine
+    monkeypatch.setattr(PromptLengthKeyed, "__call__", lambda self, request: self.hasher(request))
+    llm.reset_prefix_cache()
+    try:
+        first = some(shared, [0])
+        outputs_of(llm, first)
+        before = counter(llm, "vllm:prefix_cache_hits")
+        report = check_outputs(turn2, outputs_of(llm, turn2))
+        hits = counter(llm, "vllm:prefix_cache_hits") - before
+    finally:
+        llm.reset_prefix_cache()
+    assert hits > len(first["cases"][0]["prompt_token_ids"]) // BLOCK * BLOCK, hits
+    assert not report.passed, report.summary()
+
+
 # -- what must fail --------------------------------------------------------------------------------------------------
 def test_dense_serving_of_the_same_export_fails_the_vectors(exports):
     """The check can fail: without the skip-aware class vLLM serves the export densely, and diverges."""
@@ -163,11 +225,12 @@ def test_dense_serving_of_the_same_export_fails_the_vectors(exports):
     assert not report.passed, report.summary()
 
 
-def test_prefix_caching_is_refused_at_engine_start(exports):
+def test_a_refused_setting_fails_where_the_engine_is_made(exports):
+    """Pipeline parallelism is refused by the config check in this process, before an engine process starts."""
     export, _ = exports("llama")
-    with pytest.raises(SkipScheduleError, match=r"^enable_prefix_caching=True is not supported under a skip "
-                                                r"schedule: .*pass enable_prefix_caching=False"):
-        engine(export, enable_prefix_caching=True)
+    with pytest.raises(SkipScheduleError, match=r"^pipeline_parallel_size=2 is not supported under a skip schedule: "
+                                                r"allowed 1$"):
+        engine(export, pipeline_parallel_size=2)
 
 
 def test_a_malformed_schedule_fails_at_engine_start_naming_the_key(exports, tmp_path):
