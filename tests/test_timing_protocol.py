@@ -82,6 +82,7 @@ def test_a_ratio_whose_interval_holds_one_is_not_shown():
     assert claim(result["wall"]) == "not shown (0.90-1.10)"
     assert claim(compare([Pass(0.7, 0.7, 1)] * 5, candidate)["wall"]) == "0.70x (0.70-0.70)"  # a slowdown, shown
     assert claim(None) == "not measured"
+    assert claim(compare([Pass(2.0, 2.0, 1)] * 4, candidate[:4])["wall"]) == "not shown (4 pairs)"  # 87.5% only
 
 
 def test_arms_that_did_different_work_get_no_ratio():

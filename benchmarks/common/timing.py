@@ -13,8 +13,8 @@ its spread.
   for CPU time: the median ratio, the min and max, and a distribution-free confidence interval of the median: the
   order statistics ``[r_(k), r_(n+1-k)]`` of the ``n`` ratios with the largest ``k`` whose coverage
   ``1 - 2 P(Binomial(n, 1/2) < k)`` is at least 95%, or the min and max where ``n`` is too small for 95% (5 pairs
-  give 93.75%); the coverage is recorded beside it. :func:`claim` writes a ratio whose interval holds 1.0 as
-  "not shown".
+  give 93.75%); the coverage is recorded beside it. :func:`claim` writes a ratio whose interval holds 1.0, or
+  one of fewer than 5 pairs, as "not shown".
 - **Same work.** Every pass returns a fingerprint of the work it did (token counts, a hash of its outputs:
   :func:`digest`); a comparison whose arms' fingerprints differ in any round reports no ratio, only why.
 - **The machine.** :func:`benchmarks.common.machine.describe` and the load average before and after the rounds.
@@ -39,6 +39,8 @@ from benchmarks.common.machine import describe
 
 LEVEL = 0.95
 """The coverage the interval of the median aims at."""
+MIN_COVERAGE = 0.9
+"""The least coverage a claim stands on: 5 pairs (93.75%); 4 pairs' min..max covers only 87.5%."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,11 @@ class Pass:
 def digest(value: Any) -> str:
     """A short fingerprint of JSON-able ``value`` (e.g. the generated token ids), for the same-work check."""
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def median_wall(passes: Sequence[Pass]) -> float:
+    """The median wall seconds of an arm's passes (a rate's denominator: tokens / median seconds)."""
+    return statistics.median(p.wall_s for p in passes)
 
 
 def order(arms: Sequence[str], round_index: int) -> list[str]:
@@ -121,9 +128,12 @@ def compare(baseline: Sequence[Pass], candidate: Sequence[Pass]) -> dict:
 
 
 def claim(stats: dict | None) -> str:
-    """A speedup as a claim: ``1.31x (1.22-1.40)``, or ``not shown (0.93-1.12)`` where its interval holds 1.0."""
+    """A speedup as a claim: ``1.31x (1.22-1.40)``, or ``not shown (0.93-1.12)`` where its interval holds 1.0, or
+    ``not shown (4 pairs)`` where too few pairs give the interval less than :data:`MIN_COVERAGE`."""
     if stats is None:
         return "not measured"
+    if stats["coverage"] < MIN_COVERAGE:
+        return f"not shown ({len(stats['pair_ratios'])} pairs)"
     interval = f"({stats['low']:.2f}-{stats['high']:.2f})"
     return f"not shown {interval}" if stats["low"] <= 1 <= stats["high"] else f"{stats['median']:.2f}x {interval}"
 
