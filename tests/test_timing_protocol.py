@@ -4,6 +4,7 @@ and their spread on fake clocks, the "not shown" verdict, and the refusal to com
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -112,3 +113,25 @@ def test_real_clocks_measure_a_busy_pass():
     assert measured.wall_s >= 0.005 and measured.cpu_s > 0
     phase = measured.minus(Pass(0.001, 0.0, 1))
     assert phase.wall_s == pytest.approx(measured.wall_s - 0.001) and phase.work == 1
+
+
+def test_two_vllm_steps_take_turns_in_the_protocols_order(tmp_path):
+    from benchmarks.speed.serving import Turns, turn_schedule
+
+    schedule = turn_schedule(2, [1, 8])
+    assert schedule == ["skip", "dense", "dense", "skip", "dense", "skip", "skip", "dense", "skip", "dense"]
+    ran: list[str] = []
+
+    def step(name: str) -> None:
+        turn = Turns(tmp_path, name, schedule)
+        for _ in range(schedule.count(name)):
+            with turn:
+                ran.append(name)
+
+    skip = threading.Thread(target=step, args=("skip",))
+    skip.start()  # the skip step starts first and opens the turns
+    dense = threading.Thread(target=step, args=("dense",))
+    dense.start()
+    skip.join(timeout=30)
+    dense.join(timeout=30)
+    assert ran == schedule
