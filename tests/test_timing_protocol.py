@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from benchmarks.common.timing import Done, Pass, claim, compare, digest, measure, median_interval, order, run
+from benchmarks.common.timing import Done, Pass, claim, compare, measure, median_interval, order, run
 
 
 class FakeClock:
@@ -89,7 +89,7 @@ def test_a_ratio_whose_interval_holds_one_is_not_shown():
 def test_arms_that_did_different_work_get_no_ratio():
     clock, cpu, calls = FakeClock(), FakeClock(), []
     seconds = {"dense": [1.0] * 3, "skip": [0.5] * 3}
-    arms = fake_arms(clock, cpu, seconds, calls, work={"dense": digest([[1, 2, 3]]), "skip": digest([[1, 2, 4]])})
+    arms = fake_arms(clock, cpu, seconds, calls, work={"dense": [3, 5], "skip": [3, 4]})
     comparison = run(arms, rounds=2, warmup=1, clock=clock, cpu_clock=cpu, log=None).compare("dense", "skip")
     assert "wall" not in comparison and comparison["refused"].startswith("different work in rounds [0, 1]")
     assert comparison["claim_wall"] == "refused"
@@ -135,3 +135,24 @@ def test_two_vllm_steps_take_turns_in_the_protocols_order(tmp_path):
     skip.join(timeout=30)
     dense.join(timeout=30)
     assert ran == schedule
+
+
+def test_the_lossless_arms_do_the_same_work_and_speculation_keeps_full_depths_outputs():
+    from helpers.tiny_models import left_padded_batch, tiny_model
+
+    from benchmarks.speed.lossless import Decoding, timing
+    from skiptrain import Dense, SkipDecode, generate_under_schedule
+
+    model, dense = tiny_model("llama", 6), Dense().build(6)
+    ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
+    eos = int(generate_under_schedule(model, ids, mask, dense, 8).tokens[0, 2])  # row 0 stops at its third token
+    decoding = Decoding(model, [{"prompt_input_ids": ids, "prompt_attention_mask": mask}], 8, eos, 0, {})
+    row = timing(decoding, SkipDecode(max_layers=5, min_layers=2, decay_tokens=4).build(6), dense, [2], rounds=2,
+                 warmup=0, label="")
+    works = {arm: [p["work"] for p in passes] for arm, passes in row["timing"]["passes"].items()}
+    assert works == {arm: [row["steps_per_batch"]] * 2 for arm in ("full_depth", "speculative_k2", "skip_schedule")}
+    assert row["speculative"][0]["differing_outputs"] == 0 and 0 <= row["speculative"][0]["acceptance"] <= 1
+    for name in ("speculative_k2", "skip_schedule"):
+        comparison = row["timing"]["comparisons"][name]
+        assert comparison["baseline"] == "full_depth" and len(comparison["wall"]["pair_ratios"]) == 2
+    assert row["skip_schedule"]["claim_wall"] == "not shown (2 pairs)"

@@ -15,8 +15,8 @@ its spread.
   ``1 - 2 P(Binomial(n, 1/2) < k)`` is at least 95%, or the min and max where ``n`` is too small for 95% (5 pairs
   give 93.75%); the coverage is recorded beside it. :func:`claim` writes a ratio whose interval holds 1.0, or
   one of fewer than 5 pairs, as "not shown".
-- **Same work.** Every pass returns a fingerprint of the work it did (token counts, a hash of its outputs:
-  :func:`digest`); a comparison whose arms' fingerprints differ in any round reports no ratio, only why.
+- **Same work.** Every pass returns a fingerprint of the work it did (token or step counts, a hash of its outputs);
+  a comparison whose arms' fingerprints differ in any round reports no ratio, only why.
 - **The machine.** :func:`benchmarks.common.machine.describe` and the load average before and after the rounds.
 
     timing = run({"dense": lambda: decode(dense), "skip": lambda: decode(skip)}, rounds=5, warmup=1)
@@ -25,8 +25,6 @@ its spread.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import statistics
 import time
@@ -61,14 +59,9 @@ class Pass:
     work: Any
 
     def minus(self, other: Pass) -> Pass:
-        """The time between ``other`` and this pass of the same round (e.g. a whole decode less its prefill)."""
+        """This pass's seconds less ``other``'s, of the same round (e.g. a whole decode less its one-token decode)."""
         cpu = None if self.cpu_s is None or other.cpu_s is None else self.cpu_s - other.cpu_s
         return Pass(self.wall_s - other.wall_s, cpu, self.work)
-
-
-def digest(value: Any) -> str:
-    """A short fingerprint of JSON-able ``value`` (e.g. the generated token ids), for the same-work check."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def median_wall(passes: Sequence[Pass]) -> float:

@@ -89,8 +89,8 @@ class Decoding:
 
     def dense_step_seconds(self, dense) -> float:
         """One full-depth step's wall time: speculative decoding with no drafts, every verification one column."""
-        run = Decoding(self.model, self.batches[:1], 16, None, self.pad, {}).speculative(dense, 0, levers=False)
-        return run["seconds"]["verify"] / run["stats"].verifications
+        probe = Decoding(self.model, self.batches[:1], 16, None, self.pad, {}).speculative(dense, 0, levers=False)
+        return probe["seconds"]["verify"] / probe["stats"].verifications
 
 
 def speculation_summary(runs: list[dict], draft_tokens: int, dense_step_s: float) -> dict:
@@ -128,11 +128,11 @@ def exactness(decoding: Decoding, draft, dense, draft_tokens: list[int]) -> dict
     step = decoding.dense_step_seconds(dense)
     rows = []
     for k in draft_tokens:
-        run = decoding.speculative(draft, k)
-        differ = differing(run["outputs"], reference["outputs"])
+        drafted = decoding.speculative(draft, k)
+        differ = differing(drafted["outputs"], reference["outputs"])
         near_ties = sum(first < len(reference["gaps"][row]) and bool(reference["gaps"][row][first] < NEAR_TIE)
                         for row, first in differ)
-        rows.append({**speculation_summary([run], k, step), "differing_outputs": len(differ),
+        rows.append({**speculation_summary([drafted], k, step), "differing_outputs": len(differ),
                      "differing_at_near_ties": near_ties})
     return {"tokens": sum(map(len, reference["outputs"])), "speculative": rows}
 
