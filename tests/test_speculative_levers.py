@@ -99,7 +99,8 @@ def test_a_threshold_below_every_greedy_draft_probability_changes_nothing_and_a_
 
 
 def test_rows_of_a_batch_propose_different_draft_lengths_in_one_round(monkeypatch):
-    """Seen where the rejection rule judges a round: the rows' proposed counts differ."""
+    """Seen where the rejection rule judges a round: the rows' proposed counts differ (the threshold is near 1/V,
+    where the random tiny model's draft probabilities lie)."""
     model = tiny_model("llama", LAYERS)
     ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
     rounds = []
@@ -111,7 +112,7 @@ def test_rows_of_a_batch_propose_different_draft_lengths_in_one_round(monkeypatc
     monkeypatch.setattr(shared, "sampled_acceptance", recording)
     generate_lossless(model, ids, mask, DRAFTS["decaying"].build(LAYERS), NEW_TOKENS, 4,
                       sampling=SamplingConfig(do_sample=True), generator=torch.Generator().manual_seed(0),
-                      draft_confidence=0.05)
+                      draft_confidence=0.01)
     assert any(len(set(proposed.tolist())) > 1 for proposed in rounds), rounds
 
 
@@ -266,3 +267,43 @@ def test_custom_generate_refuses_bad_levers_in_one_line(vocab_export):
     ):
         with pytest.raises(ValueError, match=message):
             model.generate(**batch, max_new_tokens=3, **kwargs)
+
+
+# -- the command line -------------------------------------------------------------------------------------------------
+def test_export_records_the_most_frequent_training_targets_and_generate_drafts_over_them(tiny_model_dir, tmp_path):
+    from collections import Counter
+
+    from helpers.cli_args import tiny_args
+
+    from skiptrain.cli.app import main
+    from skiptrain.data.datamodule import SkipDataModule
+
+    model_dir = tiny_model_dir("llama", 6)
+    export = tmp_path / "export"
+    data = ("--data.task", "builtin", "--data.max_train_samples", "16")
+    main(["export", *tiny_args(model_dir, tmp_path / "run", *data), "--output_dir", str(export),
+          "--draft_vocab_size", "8"])
+    vocab = json.loads((export / DRAFT_VOCAB_FILE).read_text())
+    assert read_record(export).draft_vocab == tuple(vocab) and len(vocab) == 8
+
+    datamodule = SkipDataModule(task="builtin", tokenizer=model_dir, max_train_samples=16, max_source_tokens=48,
+                                max_target_tokens=24)
+    datamodule.setup("fit")
+    counts = Counter(label for batch in datamodule.train_dataloader() for label in batch["labels"].flatten().tolist()
+                     if label != -100)
+    assert [counts[i] for i in vocab] == sorted(counts.values(), reverse=True)[:8], "the 8 most frequent, in order"
+
+    prompts, output = tmp_path / "prompts.txt", tmp_path / "out.jsonl"
+    prompts.write_text("The council met\nDescribe the weather in one sentence. Forecast: city[Oslo]\nHello\n")
+    common = ["generate", "--model.model", str(export), "--prompts", str(prompts), "--max_new_tokens", "8",
+              "--batch_size", "3", "--trainer.accelerator", "cpu", "--output", str(output)]
+    main([*common, "--dense", "true"])
+    dense = output.read_text()
+    report = main([*common, "--speculative", "3"])  # over the recorded vocabulary
+    assert output.read_text() == dense
+    other = tmp_path / "vocab.json"
+    other.write_text(json.dumps(list(range(0, 60, 3))))
+    lowered = main([*common, "--speculative", "3", "--draft_vocab", str(other), "--draft_confidence", "0.3"])
+    assert output.read_text() == dense
+    proposed = [r.speculation.stats.speculation for r in (report, lowered)]
+    assert proposed[1].proposed < proposed[0].proposed, "the threshold stops drafts"

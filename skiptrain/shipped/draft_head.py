@@ -57,9 +57,9 @@ class DraftHead:
     def __init__(self, lm_head: nn.Module, ids: torch.Tensor, config: Any) -> None:
         weight = lm_head.weight
         self.ids = ids.to(device=weight.device, dtype=torch.long)
-        self.weight = weight.detach()[self.ids].clone()  # [N, H]
+        self.weight = weight.detach()[self.ids]  # [N, H], a copy
         bias = getattr(lm_head, "bias", None)
-        self.bias = None if bias is None else bias.detach()[self.ids].clone()
+        self.bias = None if bias is None else bias.detach()[self.ids]
         self.vocab_size = weight.shape[0]
         self.softcap = getattr(config, "final_logit_softcapping", None)
 

@@ -182,8 +182,9 @@ def export_checkpoint(
         The export directory.
     """
     check_output_dir(output_dir, overwrite)
-    if draft_vocab_size is not None:
-        check_draft_vocab_size(draft_vocab_size)
+    if draft_vocab_size is not None:  # the model's vocabulary size, before any weights load
+        vocab_size = (module.check_model() or module.model.config).vocab_size
+        check_draft_vocab_size(draft_vocab_size, vocab_size)
         if datamodule is None:
             raise UsageError(f"draft_vocab_size={draft_vocab_size} needs the run's data (--data or its --config): "
                              "its training targets are counted; allowed null without data")
@@ -193,7 +194,6 @@ def export_checkpoint(
     weights = module.load_weights(ckpt_path, weights_only)
     record = checkpoint_record(weights, ckpt_path, module, datamodule, weights_only)
     if draft_vocab_size is not None:
-        vocab_size = module.model.get_output_embeddings().weight.shape[0]
         record = dataclasses.replace(record, draft_vocab=frequent_target_tokens(datamodule, draft_vocab_size,
                                                                                 vocab_size))
     return export_module(module, output_dir, record, adapter_only=adapter_only, overwrite=overwrite, in_place=fresh)
