@@ -20,7 +20,12 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "SkipLlamaForCausalLM",
     "MistralForCausalLM": "SkipMistralForCausalLM",
     "Qwen2ForCausalLM": "SkipQwen2ForCausalLM",
+    "Qwen3ForCausalLM": "SkipQwen3ForCausalLM",
+    "Phi3ForCausalLM": "SkipPhi3ForCausalLM",
+    "Gemma2ForCausalLM": "SkipGemma2ForCausalLM",
+    "Gemma3ForCausalLM": "SkipGemma3ForCausalLM",  # Gemma 3 text (model_type gemma3_text)
     "OPTForCausalLM": "SkipOPTForCausalLM",
+    "GPT2LMHeadModel": "SkipGPT2LMHeadModel",
 }
 """A model's transformers architecture -> the skip-aware class that serves it under its schedule."""
 
