@@ -24,7 +24,10 @@ import os
 import sys
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from skiptrain.shipped.schedule import SkipScheduleError
 
 SUPPORTED_VLLM = ">=0.32.0,<0.34"
 """The vLLM releases the plugin supports; :func:`register` warns outside them (docs/serving.md, "vLLM versions").
@@ -99,22 +102,41 @@ class EngineCheck:
 def one_line_refusals() -> None:
     """Make an uncaught refusal of the plugin end the process with its one line, not a traceback (once per process).
 
-    The API server raises the refusal out of its startup uncaught; other exceptions keep Python's report.
+    The API server raises the refusal out of its startup uncaught (wrapped by vLLM's config: :func:`refusal_in`);
+    other exceptions keep Python's report.
     """
-    from skiptrain.shipped.schedule import SkipScheduleError
-
     previous = sys.excepthook
     if getattr(previous, "skiptrain", False):
         return
 
     def excepthook(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
-        if isinstance(error, SkipScheduleError):
-            print(f"skiptrain: error: {' '.join(str(error).split())}", file=sys.stderr)
+        refusal = refusal_in(error)
+        if refusal is not None:
+            print(f"skiptrain: error: {' '.join(str(refusal).split())}", file=sys.stderr)
         else:
             previous(kind, error, trace)
 
     excepthook.skiptrain = True  # type: ignore[attr-defined]
     sys.excepthook = excepthook
+
+
+def refusal_in(error: BaseException | None) -> SkipScheduleError | None:
+    """The plugin's refusal that ``error`` is or carries, else ``None``.
+
+    vLLM's config is a pydantic dataclass: a refusal raised by its checks (:class:`EngineCheck`) reaches the caller
+    wrapped in pydantic's ``ValidationError``, whose errors keep the original (``ctx["error"]``).
+    """
+    from pydantic import ValidationError
+
+    from skiptrain.shipped.schedule import SkipScheduleError
+
+    if error is None or isinstance(error, SkipScheduleError):
+        return error
+    if isinstance(error, ValidationError):
+        for detail in error.errors(include_url=False):
+            if isinstance(found := detail.get("ctx", {}).get("error"), SkipScheduleError):
+                return found
+    return refusal_in(error.__cause__)
 
 
 def hf_overrides(export: str | os.PathLike) -> dict[str, list[str]]:
