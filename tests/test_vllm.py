@@ -112,7 +112,8 @@ def family_engine(request, exports):
     export, vectors = exports(request.param)
     llm = engine(export)
     config = json.loads((export / "config.json").read_text())
-    yield llm, vectors, config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
+    layers = config.get("num_hidden_layers", config.get("n_layer"))  # GPT-2's config names it n_layer
+    yield llm, vectors, config.get("layer_types") or ["full_attention"] * layers
     close(llm)
 
 
@@ -164,6 +165,25 @@ def test_chunked_prefill_and_preemption_keep_every_token(tight_engine):
     assert_conforms(vectors, staggered_outputs(llm, vectors, every=2))
 
 
+def test_a_prompt_table_out_of_batch_order_fails_loudly(tight_engine, monkeypatch):
+    """If vLLM stopped handing logits processors the forward pass's batch order, the plugin would read other requests'
+    prompt lengths: the step's prompt tokens give it away, and the step fails rather than decoding wrong."""
+    from skiptrain.serving.vllm_prompts import PromptLengths
+
+    llm, vectors = tight_engine
+    update = PromptLengths.update_state
+
+    def swapped(self, batch_update):
+        update(self, batch_update)
+        if len(self.prompts) >= 2:
+            self.prompts[0], self.prompts[1] = self.prompts[1], self.prompts[0]
+
+    monkeypatch.setattr(PromptLengths, "update_state", swapped)
+    with pytest.raises(SkipScheduleError, match="prompt tokens in this step are not those skiptrain's prompt-length "
+                                                "table holds for its batch index"):
+        outputs_of(llm, vectors)
+
+
 # -- prefix caching: prompt blocks are shared, generated blocks are not reused as a prompt ----------------------------
 @pytest.fixture(scope="module")
 def prefix_engine(cases):
@@ -207,23 +227,43 @@ def test_a_second_turn_holding_the_first_reply_prefills_it_and_decodes_the_refer
     assert hits == len(first["cases"][0]["prompt_token_ids"]) // BLOCK * BLOCK, hits
 
 
-def test_reusing_the_first_reply_as_a_prompt_would_fail_the_second_turn(prefix_engine, monkeypatch):
-    """The check can fail: keyed as vLLM keys them, the reply's blocks are reused as the second turn's prompt."""
+def logprobs_of(llm: LLM, vectors: dict) -> list[float]:
+    """The log-probabilities of the greedy tokens of ``vectors``' single case (finer than the tokens themselves)."""
+    params = SamplingParams(max_tokens=vectors["max_new_tokens"], logprobs=0, **GREEDY)
+    done = llm.generate([TokensPrompt(prompt_token_ids=vectors["cases"][0]["prompt_token_ids"])], params,
+                        use_tqdm=False)[0].outputs[0]
+    return [step[token].logprob for step, token in zip(done.logprobs, done.token_ids, strict=True)]
+
+
+def test_reusing_the_first_reply_as_a_prompt_would_change_the_second_turn(prefix_engine, monkeypatch):
+    """The check can fail: keyed as vLLM keys them, the reply's blocks (computed under the schedule) are reused as the
+    second turn's prompt, and its log-probabilities leave those of a prefill at full depth; keyed by the plugin, only
+    the first turn's prompt blocks are reused, and they stay. (On the tiny random model the greedy tokens may not
+    change, so the log-probabilities are compared.)"""
     from skiptrain.serving.vllm_prefix import PromptLengthKeyed
 
     llm, shared, turn2 = prefix_engine
-    monkeypatch.setattr(PromptLengthKeyed, "__call__", lambda self, request: self.hasher(request))
-    llm.reset_prefix_cache()
-    try:
-        first = some(shared, [0])
+    first = some(shared, [0])
+
+    def second_turn() -> tuple[list[float], float]:
+        llm.reset_prefix_cache()
         outputs_of(llm, first)
         before = counter(llm, "vllm:prefix_cache_hits")
-        report = check_outputs(turn2, outputs_of(llm, turn2))
-        hits = counter(llm, "vllm:prefix_cache_hits") - before
+        got = logprobs_of(llm, turn2)
+        return got, counter(llm, "vllm:prefix_cache_hits") - before
+
+    llm.reset_prefix_cache()
+    full_depth = logprobs_of(llm, turn2)  # nothing cached: the whole prompt prefilled at full depth
+    plugin, plugin_hits = second_turn()
+    monkeypatch.setattr(PromptLengthKeyed, "__call__", lambda self, request: self.hasher(request))
+    try:
+        vllm_keyed, vllm_hits = second_turn()
     finally:
         llm.reset_prefix_cache()
-    assert hits > len(first["cases"][0]["prompt_token_ids"]) // BLOCK * BLOCK, hits
-    assert not report.passed, report.summary()
+    prompt_blocks = len(first["cases"][0]["prompt_token_ids"]) // BLOCK * BLOCK
+    assert plugin_hits == prompt_blocks and vllm_hits > prompt_blocks, (plugin_hits, vllm_hits)
+    assert max(abs(a - b) for a, b in zip(plugin, full_depth, strict=True)) < 1e-4, (plugin, full_depth)
+    assert max(abs(a - b) for a, b in zip(vllm_keyed, full_depth, strict=True)) > 1e-3, (vllm_keyed, full_depth)
 
 
 # -- what must fail --------------------------------------------------------------------------------------------------
@@ -285,25 +325,6 @@ def test_the_installed_vllm_has_every_name_the_plugin_uses():
     for need in plugin_imports():
         module, name = need.split(":")
         assert hasattr(importlib.import_module(module), name), need
-
-
-def test_a_prompt_table_out_of_batch_order_fails_loudly(tight_engine, monkeypatch):
-    """If vLLM stopped handing logits processors the forward pass's batch order, the plugin would read other requests'
-    prompt lengths: the step's prompt tokens give it away, and the step fails rather than decoding wrong."""
-    from skiptrain.serving.vllm_prompts import PromptLengths
-
-    llm, vectors = tight_engine
-    update = PromptLengths.update_state
-
-    def swapped(self, batch_update):
-        update(self, batch_update)
-        if len(self.prompts) >= 2:
-            self.prompts[0], self.prompts[1] = self.prompts[1], self.prompts[0]
-
-    monkeypatch.setattr(PromptLengths, "update_state", swapped)
-    with pytest.raises(SkipScheduleError, match="prompt tokens in this step are not those skiptrain's prompt-length "
-                                                "table holds for its batch index"):
-        outputs_of(llm, vectors)
 
 
 def test_the_quickstart_export_decodes_its_vectors(cases):
