@@ -133,7 +133,8 @@ def test_sliding_and_global_layers_get_their_rows_metadata_from_their_own_kv_cac
     llm, vectors, layer_types = family_engine
     assert_conforms(vectors, staggered_outputs(llm, vectors))  # steps at different generated indices: row subsets
     groups = llm.apply_model(lambda model: sorted(model.skipper.builders))[0]
-    kinds = [{layer_types[int(re.search(r"layers\.(\d+)\.", name).group(1))] for name in group} for group in groups]
+    index = re.compile(r"(?:layers|h)\.(\d+)\.")  # a layer's name: model.layers.N. (GPT-2: transformer.h.N.)
+    kinds = [{layer_types[int(index.search(name).group(1))] for name in group} for group in groups]
     assert all(len(kind) == 1 for kind in kinds), groups
     assert {kind.pop() for kind in kinds} == set(layer_types), groups  # every kind of layer ran on a row subset
 
