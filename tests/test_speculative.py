@@ -11,7 +11,8 @@ import skiptrain.shipped.speculate as shared
 from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate_under_schedule
 from skiptrain.errors import UsageError
 from skiptrain.frontends.speculative import SkipSteps, generate_lossless
-from skiptrain.shipped.lossless import sampling_warpers
+from skiptrain.shipped.gates import ColumnGate, checked_layers, gates_installed, own_forwards
+from skiptrain.shipped.lossless import GatedSteps, sampling_warpers
 from skiptrain.shipped.speculate import sampled_acceptance, sliding_window_of, speedup_bound
 
 LAYERS = 6
@@ -87,6 +88,10 @@ class RecordingSteps(SkipSteps):
         self.after_verification.append((self.ids, attention_mask, [(layer.keys.clone(), layer.values.clone())
                                                                    for layer in self.cache.layers]))
         return logits
+
+    def keep_rows(self, rows):
+        super().keep_rows(rows)
+        self.ids = self.ids[rows]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -169,10 +174,10 @@ def sampled_first_tokens(model: torch.nn.Module, prompt: torch.Tensor, seed: int
     return torch.bincount(cells, minlength=VOCAB**3).view(VOCAB, VOCAB, VOCAB)
 
 
-def resample_from_p(verified, drafted, drafts, generator=None):
+def resample_from_p(verified, drafted, drafts, generator=None, proposed=None):
     """A biased rule: accepts as Leviathan et al., but replaces a rejected draft with a sample of ``p``, not of
     ``max(p - q, 0)``."""
-    tokens, accepted = sampled_acceptance(verified, drafted, drafts, generator)
+    tokens, accepted = sampled_acceptance(verified, drafted, drafts, generator, proposed)
     fresh = torch.multinomial(verified.reshape(-1, verified.shape[-1]), 1, generator=generator).view(tokens.shape)
     rows = torch.arange(len(tokens))
     rejected = accepted < drafts.shape[1]
@@ -311,3 +316,39 @@ def test_schedule_from_file_takes_an_export_json_a_family_or_a_recipe_fragment(s
     fragment.write_text("class_path: skiptrain.Nope\n")
     with pytest.raises(ScheduleError, match=r"class_path='skiptrain.Nope' is invalid: allowed one of"):
         schedule_from_file(str(fragment), LAYERS)
+
+
+def calls_rows(steps):
+    """``steps`` with each call's kind and row count recorded in ``steps.rows_seen``."""
+    steps.rows_seen = []
+    for kind in ("prefill", "draft", "verify"):
+        call = getattr(steps, kind)
+        setattr(steps, kind, lambda input_ids, *args, kind=kind, call=call: steps.rows_seen.append(
+            (kind, len(input_ids))) or call(input_ids, *args))
+    return steps
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_row_that_ends_leaves_the_batch_and_every_row_keeps_its_full_depth_tokens(family):
+    """Through both steps (skiptrain's forward and the export's gated model): after a row ends no call brings it."""
+    model = tiny_model(family, LAYERS)
+    ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
+    free = generate_under_schedule(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS)
+    eos = int(free.tokens[1, 3])  # row 1 ends by its fourth token
+    dense = generate_under_schedule(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, eos_token_id=eos,
+                                    pad_token_id=0, return_logits=True)
+    assert int(dense.lengths.min()) < int(dense.lengths.max()), "precondition: rows end at different tokens"
+    draft = DRAFTS["decaying"].build(LAYERS)
+    layers = checked_layers(model)
+    gate = ColumnGate(ids.shape[1], range(LAYERS), [draft.executed_layers(g) for g in range(NEW_TOKENS)])
+    own = calls_rows(SkipSteps(model, draft, ids.shape[1]))
+    decoded = {own: shared.speculate(own, ids, mask, NEW_TOKENS, 3, eos, 0)}
+    gated = calls_rows(GatedSteps(model, gate))
+    with gates_installed(layers, own_forwards(layers), gate):
+        decoded[gated] = shared.speculate(gated, ids, mask, NEW_TOKENS, 3, eos, 0)
+    for steps, (tokens, lengths, stats) in decoded.items():
+        assert_full_depth_tokens(tokens, dense)
+        assert torch.equal(lengths, dense.lengths)
+        sizes = [rows for _, rows in steps.rows_seen]
+        assert sizes[0] == 3 and sizes[-1] < 3 and sizes == sorted(sizes, reverse=True), steps.rows_seen
+        assert stats.row_verifications == sum(rows for kind, rows in steps.rows_seen if kind == "verify")

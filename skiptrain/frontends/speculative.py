@@ -116,6 +116,9 @@ class SkipSteps:
         crop_cache(self.cache, past)
         return self._logits("verify", input_ids, attention_mask, self.dense, last_only=False)
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+
 
 def check_draft_tokens(draft_tokens: int, max_new_tokens: int) -> None:
     """Refuse a draft length below 0 or above ``max_new_tokens``, naming both.

@@ -68,6 +68,9 @@ class GatedSteps:
         crop_cache(self.cache, past)
         return self._logits(input_ids, attention_mask, self.every_layer, last_only=False)
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+
 
 SPECULATIVE_OPTIONS = {"input_ids", "inputs", "attention_mask", "max_new_tokens", "do_sample", "temperature", "top_k",
                        "top_p", "eos_token_id", "pad_token_id", "use_cache", "trust_remote_code", "custom_generate",
