@@ -318,6 +318,31 @@ def test_schedule_from_file_takes_an_export_json_a_family_or_a_recipe_fragment(s
         schedule_from_file(str(fragment), LAYERS)
 
 
+def test_the_lossless_profile_breaks_a_round_down_on_a_tiny_model():
+    from argparse import Namespace
+
+    from benchmarks.speed.lossless_profile import exact_prefix, profile_batch
+
+    model, draft = tiny_model("llama", LAYERS), DRAFTS["decaying"].build(LAYERS)
+    ids, mask = left_padded_batch(3, 5, 0)
+    args = Namespace(draft_tokens=3, context=2, padding=4, rounds=2, new_tokens=8)
+    with torch.no_grad():
+        row = profile_batch(model, draft, ids, mask, args, eos=None, pad=0)
+    assert row["cache_columns"] == 5 + 2 and row["padded"]["cache_columns"] == 5 + 2 + 4
+    assert row["draft_exact_prefix_layers"] == exact_prefix(draft, 2) < LAYERS
+    for name in ("full", "draft", "verify"):
+        sections = row["sections_ms"][name]
+        assert sections["decoder layers"] > 0 and sections["lm head"] > 0
+        assert sections["total"] >= sections["decoder layers"] + sections["lm head"]
+    assert list(row["lm_head_ms_by_rows"]) == ["1", "2", "3", "4", "6", "12"]  # up to B (K + 1) columns
+    assert 0 < row["sections_ms"]["verify"]["recomputed draft layers"] < row["sections_ms"]["verify"]["decoder layers"]
+    decode = row["decode"]
+    assert decode["tokens_generated"] == 3 * 8  # no end of sequence: every row runs to new_tokens
+    assert abs(sum(decode["share"].values()) - 1) < 0.01 and set(decode["share"]) == {
+        "prefill", "draft", "verify", "loop bookkeeping"}
+    assert 0 < decode["kept_per_row_column_verified"] <= 1
+
+
 def calls_rows(steps):
     """``steps`` with each call's kind and row count recorded in ``steps.rows_seen``."""
     steps.rows_seen = []
