@@ -267,6 +267,7 @@ def test_the_speedup_bound():
     assert speedup_bound(1.0, 4, 0.0) == 5.0  # every draft accepted and free: K + 1 tokens per full-depth step
     assert speedup_bound(0.0, 4, 0.5) == pytest.approx(1 / 3)  # nothing accepted: one token per 3 steps' cost
     assert speedup_bound(0.8, 2, 0.5) == pytest.approx((1 + 0.8 + 0.64) / 2)
+    assert speedup_bound(0.8, 2, 0.5, verify_cost=2.0) == pytest.approx((1 + 0.8 + 0.64) / 3)  # v: 2 full steps
 
 
 # -- the command line -------------------------------------------------------------------------------------------------
