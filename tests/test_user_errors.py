@@ -37,7 +37,6 @@ class Inputs:
 
     model: str
     other_model: str  # the same family with 2 layers instead of 4
-    sliding: str  # a Mistral with sliding-window attention
     ckpt: str
     export: str
     adapter: str
@@ -55,8 +54,7 @@ def inputs(tiny_model_dir, tmp_path_factory) -> Inputs:
     main(["export", "--model.model", model, "--ckpt_path", str(ckpt), "--output_dir", str(root / "export")])
     main(["export", "--model.model", model, "--ckpt_path", str(ckpt), "--output_dir", str(root / "adapter"),
           "--adapter_only", "true"])
-    return Inputs(model, tiny_model_dir("llama", 2), tiny_model_dir("mistral-sliding"), str(ckpt), str(root / "export"),
-                  str(root / "adapter"))
+    return Inputs(model, tiny_model_dir("llama", 2), str(ckpt), str(root / "export"), str(root / "adapter"))
 
 
 # -- broken inputs, written under the case's own folder ---------------------------------------------------------------
@@ -397,9 +395,6 @@ CASES = [
          "draft_schedule='"),
     Case("draft_schedule_unreadable", generate("--speculative", "2", "--draft_schedule", "{tmp}/draft.yaml"), INPUT,
          "draft_schedule=", write("draft.yaml", "class_path: [")),
-    Case("speculative_with_sliding_window", generate("--speculative", "2", *skipdecode(min_layers="2"),
-                                                     model="{sliding}"), USAGE,
-         "speculative=2 is invalid for sliding-window attention (sliding_window=4)"),
     Case("draft_schedule_wrong_layer_count", generate("--speculative", "2", "--draft_schedule", "{tmp}/draft.yaml"),
          USAGE, "draft_schedule=", write("draft.yaml", "class_path: skiptrain.Static\ninit_args: {layers: [0, 9]}\n")),
     Case("generate_export_without_tokenizer", generate(model="{tmp}/export"), INPUT, "has no tokenizer files",

@@ -1,11 +1,14 @@
-"""The KV cache generate decodes into under a schedule, whose attention masks follow the layers that run."""
+"""The KV cache generate decodes into under a schedule, whose attention masks follow the layers that run, and the
+cache speculative decoding cuts back and compacts."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from .schedule import SkipScheduleError
 
@@ -31,6 +34,46 @@ class SkipCache(DynamicCache):
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         return super().get_query_offset(self._longest_of_kind(layer_idx))
+
+
+def full_length_cache(config: Any) -> SkipCache:
+    """A :class:`SkipCache` for ``config``'s layers in which every layer keeps every column, sliding-window ones too.
+
+    transformers' sliding-window layers keep only the last ``window - 1`` columns, which a cut back to earlier columns
+    or a compaction (:func:`compact_cache`) cannot undo. Here the attention masks apply the window: they count it in
+    columns, as transformers does. All layers are then one kind, and the longest cache is one of those that ran.
+    """
+    cache = SkipCache(config=config)
+    cache.layers = [DynamicLayer() for _ in cache.layers]
+    return cache
+
+
+def compact_cache(cache: DynamicCache, attention_mask: torch.Tensor, min_length: int = 0) -> torch.Tensor:
+    """Move each row's padding columns (mask 0) before its tokens, in every layer's keys and values, and drop the
+    leading columns that are padding in every row (keeping ``min_length`` columns at least); the mask, rearranged.
+
+    Afterwards every row is left-padded, its tokens in the last columns in their order: a sliding window counted in
+    columns covers exactly a row's last tokens, and positions, counted from the mask, stay those the keys were
+    rotated by. Every layer must hold ``attention_mask.shape[1]`` columns (of a :func:`full_length_cache`).
+
+    Args:
+        cache: The cache, rearranged in place.
+        attention_mask: ``[B, S]`` 1 for tokens, 0 for padding.
+        min_length: Columns to keep at least.
+
+    Returns:
+        ``[B, S']`` the mask of the compacted cache, ``S' <= S``.
+    """
+    if bool((attention_mask[:, 1:] >= attention_mask[:, :-1]).all()):  # every row left-padded already
+        return attention_mask
+    order = attention_mask.sort(dim=1, stable=True).indices  # [B, S]: padding first, each part in its order
+    drop = min(int((attention_mask == 0).sum(1).min()), attention_mask.shape[1] - min_length)
+    order = order[:, max(drop, 0):]
+    index = order[:, None, :, None]  # [B, 1, S', 1], broadcast over heads and head dimension
+    for layer in cache.layers:
+        layer.keys = layer.keys.take_along_dim(index, dim=2)
+        layer.values = layer.values.take_along_dim(index, dim=2)
+    return attention_mask.gather(1, order)
 
 
 def has_layer_kinds(config: Any) -> bool:
