@@ -184,10 +184,10 @@ def sampled_first_tokens(model: torch.nn.Module, prompt: torch.Tensor, seed: int
     return torch.bincount(cells, minlength=VOCAB**3).view(VOCAB, VOCAB, VOCAB)
 
 
-def resample_from_p(verified, drafted, drafts, generator=None):
+def resample_from_p(verified, drafted, drafts, generator=None, proposed=None):
     """A biased rule: accepts as Leviathan et al., but replaces a rejected draft with a sample of ``p``, not of
     ``max(p - q, 0)``."""
-    tokens, accepted = sampled_acceptance(verified, drafted, drafts, generator)
+    tokens, accepted = sampled_acceptance(verified, drafted, drafts, generator, proposed)
     fresh = torch.multinomial(verified.reshape(-1, verified.shape[-1]), 1, generator=generator).view(tokens.shape)
     rows = torch.arange(len(tokens))
     rejected = accepted < drafts.shape[1]

@@ -170,6 +170,10 @@ EXPORT_CALLBACK = '{"class_path": "skiptrain.callbacks.export.ExportCallback", "
 ROWS = "article,highlights\n" + "".join(f"The council of town {i} met on Monday.,Town {i} met.\n" for i in range(4))
 
 
+SMALL_DATA = ("--data.task", "builtin", "--data.max_source_tokens", "48", "--data.max_target_tokens", "24")
+"""The built-in task, its examples short enough for the tiny models' context of 256 tokens."""
+
+
 def export(*extra: str, ckpt: str = "{ckpt}") -> tuple[str, ...]:
     return ("export", "--model.model", "{model}", "--ckpt_path", ckpt, "--output_dir", "{tmp}/out", *extra)
 
@@ -397,6 +401,18 @@ CASES = [
          "draft_schedule=", write("draft.yaml", "class_path: [")),
     Case("draft_schedule_wrong_layer_count", generate("--speculative", "2", "--draft_schedule", "{tmp}/draft.yaml"),
          USAGE, "draft_schedule=", write("draft.yaml", "class_path: skiptrain.Static\ninit_args: {layers: [0, 9]}\n")),
+    Case("draft_confidence_without_speculative", generate("--draft_confidence", "0.5"), USAGE,
+         "draft_confidence=0.5 is invalid without speculative"),
+    Case("draft_confidence_not_below_one", generate("--speculative", "2", "--draft_confidence", "1.0"), USAGE,
+         "draft_confidence=1.0 is invalid: allowed 0 <= draft_confidence < 1"),
+    Case("draft_vocab_without_speculative", generate("--draft_vocab", "{tmp}/prompts.txt"), USAGE,
+         "draft_vocab='"),
+    Case("draft_vocab_missing", generate("--speculative", "2", "--draft_vocab", "{tmp}/nope.json"), INPUT,
+         "draft_vocab='"),
+    Case("draft_vocab_not_token_ids", generate("--speculative", "2", "--draft_vocab", "{tmp}/vocab.json"), INPUT,
+         "is not a draft vocabulary: allowed distinct token ids", write("vocab.json", "[3, 3]")),
+    Case("draft_vocab_beyond_the_vocabulary", generate("--speculative", "2", "--draft_vocab", "{tmp}/vocab.json"),
+         INPUT, "is not a draft vocabulary: allowed distinct token ids in [0, ", write("vocab.json", "[3, 100000]")),
     Case("generate_export_without_tokenizer", generate(model="{tmp}/export"), INPUT, "has no tokenizer files",
          copy_of("export", without_tokenizer_files)),
     # calibration options: derived limits are checked before the model is profiled
@@ -420,6 +436,12 @@ CASES = [
     Case("conformance_top_zero", conformance("--vectors", "{tmp}/v.json", "--prompts", "{tmp}/prompts.txt",
                                              "--top", "0"), USAGE, "top=0"),
     # export options
+    Case("export_draft_vocab_size_zero", export("--draft_vocab_size", "0", *SMALL_DATA), USAGE,
+         "draft_vocab_size=0 is invalid: allowed 1 <= draft_vocab_size <= "),
+    Case("export_draft_vocab_size_beyond_the_vocabulary", export("--draft_vocab_size", "100000", *SMALL_DATA), USAGE,
+         "draft_vocab_size=100000 is invalid: allowed 1 <= draft_vocab_size <= "),
+    Case("export_draft_vocab_size_without_data", export("--draft_vocab_size", "8"), USAGE,
+         "draft_vocab_size=8 needs the run's data"),
     Case("export_target_not_empty", export(), USAGE, "exists and is not empty", write("out/keep.txt", "precious")),
     Case("export_target_is_a_file", export(), USAGE, "is a file, not a directory", write("out", "a file")),
     Case("adapter_only_without_lora", ("export", "--model.model", "{model}", "--model.schedule", "SkipDecode",
