@@ -69,11 +69,21 @@ def compact_cache(cache: DynamicCache, attention_mask: torch.Tensor, min_length:
     order = attention_mask.sort(dim=1, stable=True).indices  # [B, S]: padding first, each part in its order
     drop = min(int((attention_mask == 0).sum(1).min()), attention_mask.shape[1] - min_length)
     order = order[:, max(drop, 0):]
-    index = order[:, None, :, None]  # [B, 1, S', 1], broadcast over heads and head dimension
     for layer in cache.layers:
-        layer.keys = layer.keys.take_along_dim(index, dim=2)
-        layer.values = layer.values.take_along_dim(index, dim=2)
+        layer.keys, layer.values = _take_columns(layer.keys, order), _take_columns(layer.values, order)
     return attention_mask.gather(1, order)
+
+
+def _take_columns(states: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``states[b, :, order[b]]`` for every row ``b``: ``[B, H, S, D]`` -> ``[B, H, S', D]``, contiguous.
+
+    One ``index_select`` of whole ``D``-vectors: several times faster on CPU than ``take_along_dim``, which gathers
+    element by element through an index broadcast to the output's shape.
+    """
+    batch, heads, length, dim = states.shape
+    starts = torch.arange(batch * heads, device=states.device).view(batch, heads, 1) * length  # [B, H, 1]
+    rows = (starts + order[:, None, :]).flatten()  # [B * H * S']: row of each kept column in [B * H * S, D]
+    return states.reshape(-1, dim).index_select(0, rows).view(batch, heads, -1, dim)
 
 
 def has_layer_kinds(config: Any) -> bool:

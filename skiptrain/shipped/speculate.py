@@ -265,7 +265,7 @@ def speculate(
         stats.accepted += int(accepted[active].sum())
         stats.row_verifications += int(active.sum())
         stats.committed += int(kept.sum())
-        # at least P columns stay: skip schedules count generated columns from the prompt end
+        # P columns at least stay: skiptrain's forward runs the columns before P as prompt columns
         mask = compact_cache(steps.cache, torch.cat([mask, keep.to(mask.dtype)], dim=1), prompt_length)
         past = mask.shape[1]
         token = chosen[rows, (kept - 1).clamp(min=0)].masked_fill(kept == 0, pad_token_id)
