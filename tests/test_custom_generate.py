@@ -226,7 +226,7 @@ def test_plain_from_pretrained_still_loads_and_decodes_densely(export):
     assert torch.equal(out[:, batch["input_ids"].shape[1]:], dense.tokens)
 
 
-@pytest.mark.parametrize("family", HF_FAMILIES)
+@pytest.mark.parametrize("family", (*HF_FAMILIES, "mistral-sliding"))  # sliding windows: Gemma 2/3, Mistral's
 @pytest.mark.parametrize("draft_tokens", [1, 3])
 def test_speculative_tokens_give_transformers_own_full_depth_greedy_output(export, family, draft_tokens):
     path = export(family)
