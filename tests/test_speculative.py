@@ -359,7 +359,7 @@ def test_the_lossless_profile_breaks_a_round_down_on_a_tiny_model():
     decode = row["decode"]
     assert decode["tokens_generated"] == 3 * 8  # no end of sequence: every row runs to new_tokens
     assert abs(sum(decode["share"].values()) - 1) < 0.01 and set(decode["share"]) == {
-        "prefill", "draft", "verify", "loop bookkeeping"}
+        "prefill", "draft", "verify", "cache compaction", "loop bookkeeping"}
     assert 0 < decode["kept_per_row_column_verified"] <= 1
 
 

@@ -16,9 +16,9 @@ verification's layers that recompute what the draft already computed exactly (it
 skips, for the ``K`` columns the draft ran) is read from the per-layer clocks.
 
 Last, one greedy speculative decode of ``--new-tokens`` tokens per row splits its thread time into prefill, draft
-steps, verifications and the loop's own per-row bookkeeping, and counts what the batch pays for: row-columns
-verified against tokens kept (a verified column a row does not keep stays in its cache as padding), and rows per
-verification (a row that ends leaves the batch).
+steps, verifications, the cache's compaction after each verification and the loop's own per-row bookkeeping, and
+counts what the batch pays for: row-columns verified against tokens kept (a verified column a row does not keep
+stays in its cache as padding), and rows per verification (a row that ends leaves the batch).
 
 Times are the thread's CPU time (``time.thread_time``; run with one torch thread): on a shared machine wall time
 also counts the time other jobs hold the core.
@@ -40,6 +40,8 @@ from torch import nn
 
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.frontends.speculative import SkipSteps
+from skiptrain.shipped import speculate as speculate_module
+from skiptrain.shipped.cache import compact_cache
 from skiptrain.shipped.speculate import crop_cache, speculate
 
 TRAIN_BASE = "benchmarks/quality/e2e/train_base.yaml"
@@ -199,8 +201,20 @@ def decode_breakdown(model: nn.Module, draft: SkipSchedule, ids: torch.Tensor, m
                     verified_columns.append(input_ids.numel())
 
         setattr(steps, kind, clocked)
+
+    def compact(*args):
+        started = CLOCK()
+        try:
+            return compact_cache(*args)
+        finally:
+            clocks["cache compaction"] += CLOCK() - started
+
+    speculate_module.compact_cache = compact
     started = CLOCK()
-    _, lengths, stats = speculate(steps, ids, mask, new_tokens, draft_tokens, eos, pad)
+    try:
+        _, lengths, stats = speculate(steps, ids, mask, new_tokens, draft_tokens, eos, pad)
+    finally:
+        speculate_module.compact_cache = compact_cache
     total = CLOCK() - started
     row_columns = sum(verified_columns)
     return {

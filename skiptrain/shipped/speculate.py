@@ -95,7 +95,7 @@ def speedup_bound(acceptance: float, draft_tokens: int, draft_cost: float, verif
         draft_cost: ``c``, a draft step's cost relative to a full-depth step.
         verify_cost: ``v``, a verification's (``K + 1`` columns) cost relative to a full-depth step (one column):
             1 where columns are free (a step bound by reading the weights), more where the batch already fills the
-            arithmetic (on a CPU, about 1.6 at batch 1 and 2.1 at batch 8 for a 135M model at K = 4).
+            arithmetic (on a CPU, about 1.5 at batch 1 and 2 at batch 8 for a 135M model at K = 4).
     """
     tokens = draft_tokens + 1 if acceptance >= 1 else (1 - acceptance ** (draft_tokens + 1)) / (1 - acceptance)
     return tokens / (draft_tokens * draft_cost + verify_cost)
