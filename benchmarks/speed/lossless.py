@@ -279,6 +279,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.mode == "exactness" and args.frontend != "skiptrain":
         parser.error(f"--frontend {args.frontend} is invalid with exactness: allowed skiptrain (the default)")
+    if args.frontend != "skiptrain" and min(args.draft_tokens) < 1:  # K = 0 there is the lossy schedule's generate
+        parser.error(f"--draft-tokens {min(args.draft_tokens)} is invalid with --frontend {args.frontend}: "
+                     "allowed K >= 1")
     torch.set_num_threads(args.threads)
 
     cli = study_config([args.config, str(args.draft_schedule)], args.data)
