@@ -5,7 +5,9 @@ Each batch (:func:`~skiptrain.frontends.prompts.prompt_batches`) is decoded by
 :func:`~skiptrain.modeling.generation.generate_under_schedule`, or with ``speculative`` by
 :func:`~skiptrain.frontends.speculative.generate_lossless`, inside a fresh ``decoder.context()`` (e.g. the
 precision's autocast). The cost is :class:`DecodeStats`: wall time, and the mean executed decoder layers and ideal
-speedup over the tokens actually generated (:mod:`skiptrain.core.speedup`).
+speedup over the tokens actually generated (:mod:`skiptrain.core.speedup`). Speculative decoding says once, after
+its first batch, when that batch's acceptance and draft cost make it slower than full depth
+(:func:`warn_unless_speculation_pays`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import nn
 from transformers import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.streamers import BaseStreamer
 
+from skiptrain.core import log
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.core.speedup import batch_ideal_speedup, mean_executed_layers
 from skiptrain.frontends.prompts import RAW, Completion, prompt_batches, prompt_text
@@ -28,7 +31,7 @@ from skiptrain.frontends.request import GenerationRequest
 from skiptrain.frontends.speculative import StepSeconds, generate_lossless
 from skiptrain.modeling.generation import generate_under_schedule
 from skiptrain.shipped.prompt_format import PromptFormat, PromptSource
-from skiptrain.shipped.speculate import SpeculationStats
+from skiptrain.shipped.speculate import SpeculationStats, speedup_bound
 
 
 @dataclass(frozen=True)
@@ -100,12 +103,14 @@ def complete(
     *,
     stop_at_eos: bool = True,
     streamer: BaseStreamer | None = None,
+    advise: bool = True,
 ) -> tuple[list[Completion], DecodeStats]:
     """Complete ``prompts`` under ``schedule`` as ``request`` asks: its ``max_new_tokens``, ``batch_size``,
     ``sampling``, ``speculative`` draft length and ``stop`` strings.
 
     With ``stop_at_eos=False`` every prompt gets ``max_new_tokens`` tokens (equal work, for timing); a ``streamer``
-    receives the tokens of a one-prompt batch as they are generated.
+    receives the tokens of a one-prompt batch as they are generated. With ``advise`` speculative decoding warns once,
+    after the first batch that judged drafts, if it does not pay (:func:`warn_unless_speculation_pays`).
 
     Returns:
         The completions in prompt order, and the decoding cost (wall time of the decoding calls only).
@@ -115,6 +120,7 @@ def complete(
     seconds, speculation, step_seconds = 0.0, SpeculationStats(), StepSeconds()
     eos = tokenizer.eos_token_id if stop_at_eos else None
     stopping = StoppingCriteriaList([StopStringCriteria(tokenizer, list(request.stop))]) if request.stop else None
+    advised = not (advise and request.speculative)
     for ids, mask in decoder.batches(prompts, request.batch_size):
         started = time.perf_counter()
         with decoder.context():
@@ -122,6 +128,8 @@ def complete(
                 out = generate_lossless(decoder.model, ids, mask, schedule, request.max_new_tokens,
                                         request.speculative, request.sampling, eos, tokenizer.pad_token_id)
                 speculation, step_seconds = speculation.add(out.stats), step_seconds.add(out.seconds)
+                if not advised:
+                    advised = warn_unless_speculation_pays(out.stats, out.seconds, request.speculative) is not None
             else:
                 out = generate_under_schedule(decoder.model, ids, mask, schedule, request.max_new_tokens,
                                               request.sampling, eos, tokenizer.pad_token_id, streamer=streamer,
@@ -136,4 +144,38 @@ def complete(
     return completions, stats
 
 
-__all__ = ["DecodeStats", "Decoder", "complete"]
+def draft_step_over_verification(speculation: SpeculationStats, seconds: StepSeconds) -> float:
+    """A draft step's mean wall time over a verification's, from one speculative decode's own counts and timings: at
+    most the draft's cost ``c`` relative to a full-depth step, since a verification of K + 1 columns costs at least
+    one (0 when nothing was drafted)."""
+    if not (speculation.draft_steps and seconds.verify > 0):
+        return 0.0
+    return (seconds.draft / speculation.draft_steps) / (seconds.verify / speculation.verifications)
+
+
+def warn_unless_speculation_pays(speculation: SpeculationStats, seconds: StepSeconds, draft_tokens: int
+                                 ) -> float | None:
+    """Warn in one line when one speculative decode's acceptance ``a`` and draft cost ``c`` put the speedup bound
+    (:func:`~skiptrain.shipped.speculate.speedup_bound`) below 1.0x, saying what to do; return that bound, or
+    ``None`` when the decode judged no drafts.
+
+    ``c`` comes from the decode's own timings, with no forward call added (:func:`draft_step_over_verification`):
+    at most the true ``c``, so the bound is at least the true bound, and at least the speedup (K draft steps and one
+    verification per round, in units of a verification). The warning errs towards silence: up to timing noise, it is
+    never given to a draft that pays.
+    """
+    if not speculation.judged:
+        return None
+    cost = draft_step_over_verification(speculation, seconds)
+    acceptance = speculation.acceptance_rate
+    bound = speedup_bound(acceptance, draft_tokens, cost)
+    if bound < 1.0:
+        log.warn(f"speculative={draft_tokens} is slower than full-depth decoding on this model: its first batch "
+                 f"accepted a = {acceptance:.2f} of the drafts, a draft step cost c <= {cost:.2f} of a full-depth "
+                 f"step, so the speedup is at most (1 - a^(K+1)) / ((1 - a)(K c + 1)) = {bound:.2f}x; train the "
+                 "draft with the joint objective (--model.dense_loss_weight 1.0), or use a smaller --speculative or "
+                 "a draft schedule with fewer layers (--draft_schedule), or decode without --speculative")
+    return bound
+
+
+__all__ = ["DecodeStats", "Decoder", "complete", "draft_step_over_verification", "warn_unless_speculation_pays"]
