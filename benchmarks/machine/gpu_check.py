@@ -1,5 +1,5 @@
 """Steps of ``benchmarks/machine/gpu_check.sh`` that need Python: model choice, consolidation, export reload, decode
-speed.
+speed, lossless speed.
 
 Every step merges its findings into one JSON file (``--results``), so a run that stops half-way still reports
 what it reached. Run through the shell script; each subcommand's ``--help`` says what it does.
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +69,19 @@ def cmd_model(args: argparse.Namespace) -> None:
     print(name)
 
 
+def two_x_schedule(layers: int, decay_tokens: int = 32):
+    """The SkipDecode family of the check: an ideal 2x decode speedup for ``layers`` decoder layers."""
+    from skiptrain import skipdecode_for_speedup
+
+    return skipdecode_for_speedup(layers, 2.0, decay_tokens=decay_tokens)
+
+
 def cmd_schedule(args: argparse.Namespace) -> None:
     """Print the CLI arguments of a 2x SkipDecode schedule for the model's layer count."""
-    from skiptrain import skipdecode_for_speedup
     from skiptrain.modeling.loading import load_config
 
     layers = load_config(args.model).num_hidden_layers
-    family = skipdecode_for_speedup(layers, 2.0, decay_tokens=args.decay_tokens)
+    family = two_x_schedule(layers, args.decay_tokens)
     schedule = family.build(layers)
     record(args.results, "schedule", {"num_layers": layers, "max_layers": family.max_layers,
                                       "min_layers": family.min_layers, "decay_tokens": family.decay_tokens,
@@ -193,6 +201,105 @@ def cmd_bench(args: argparse.Namespace) -> None:
     record(args.results, "export_reload_generation", found)
 
 
+def interleaved(arms: dict[str, Callable[[], Any]], pairs: int, warmup: int = 1) -> dict[str, list[dict[str, Any]]]:
+    """Run the arms in turn (A B A B ..., never all A then all B): ``warmup`` untimed rounds, then ``pairs`` timed
+    ones. Per arm, each timed pass's wall and process CPU seconds and what it returned (``out``); an arm returns host
+    values, so that its device work is done when its pass ends."""
+    for _ in range(warmup):
+        for arm in arms.values():
+            arm()
+    passes: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
+    for _ in range(pairs):
+        for name, arm in arms.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            out = arm()
+            passes[name].append({"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
+                                 "out": out})
+    return passes
+
+
+LOSSLESS_SOURCES = [f"name[{name}], eatType[{kind}], food[{food}], area[{area}]"
+                    for name in ("The Eagle", "Zizzi", "Aromi", "The Mill") for kind in ("pub", "coffee shop")
+                    for food in ("French", "Italian") for area in ("riverside", "city centre")]
+"""32 E2E-style meaning representations: the prompts of the lossless rows (batch 32 takes them all)."""
+
+
+def lossless_row(model, pad: int, draft, ids: torch.Tensor, mask: torch.Tensor, args: argparse.Namespace
+                 ) -> dict[str, Any]:
+    """One batch's lossless row: full depth and speculative decoding of ``ids`` timed as interleaved pairs."""
+    from skiptrain import Dense, generate_under_schedule
+    from skiptrain.frontends.decode import draft_step_over_verification
+    from skiptrain.frontends.speculative import generate_lossless
+    from skiptrain.shipped.speculate import speedup_bound
+
+    dense, k, new_tokens, speculative = Dense().build(draft.num_layers), args.draft_tokens, args.new_tokens, []
+
+    def full_depth() -> list[list[int]]:
+        return generate_under_schedule(model, ids, mask, dense, new_tokens, pad_token_id=pad).tokens.tolist()
+
+    def drafted() -> list[list[int]]:
+        speculative.append(generate_lossless(model, ids, mask, draft, new_tokens, k, pad_token_id=pad))
+        return speculative[-1].tokens.tolist()
+
+    passes = interleaved({"full_depth": full_depth, "speculative": drafted}, args.pairs, args.warmup)
+    ratios = [a["wall_s"] / b["wall_s"] for a, b in zip(passes["full_depth"], passes["speculative"], strict=True)]
+    tokens = {name: sum(map(len, runs[-1]["out"])) for name, runs in passes.items()}
+    assert tokens["full_depth"] == tokens["speculative"] == len(ids) * new_tokens, tokens
+    out = speculative[-1]
+    dense_step = statistics.median(p["wall_s"] for p in passes["full_depth"]) / new_tokens  # prefill included
+    draft_step = out.seconds.draft / out.stats.draft_steps if out.stats.draft_steps else 0.0
+    a = out.stats.acceptance_rate
+    return {
+        "batch": len(ids), "tokens_per_pass": tokens["full_depth"],
+        "speedup_median": round(statistics.median(ratios), 3), "speedup_min": round(min(ratios), 3),
+        "speedup_max": round(max(ratios), 3), "pair_ratios": [round(r, 4) for r in ratios],
+        "differing_rows": sum(x != y for x, y in zip(*(runs[-1]["out"] for runs in passes.values()), strict=True)),
+        "acceptance": round(a, 4), "tokens_per_verification": round(out.stats.tokens_per_verification, 3),
+        "draft_step_over_verification": round(draft_step_over_verification(out.stats, out.seconds), 4),
+        "draft_step_over_full_depth_step": round(draft_step / dense_step, 4),
+        "bound": round(speedup_bound(a, k, draft_step / dense_step), 3),
+        "passes": {name: [{key: round(v, 4) for key, v in p.items() if key != "out"} for p in runs]
+                   for name, runs in passes.items()},
+    }
+
+
+def cmd_lossless(args: argparse.Namespace) -> None:
+    """Lossless mode against full depth at each batch size: interleaved pairs of full-depth greedy decoding and
+    speculative decoding (``--draft-tokens`` K) of the same prompts for the same tokens (no end-of-sequence stop)."""
+    from skiptrain.export.format import is_export
+    from skiptrain.export.load import load_exported
+    from skiptrain.frontends.decode import Decoder
+    from skiptrain.frontends.prompts import RAW
+    from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
+
+    dtype = getattr(torch, args.dtype)
+    if is_export(args.model):  # a carried (joint-trained) export drafts under its own schedule
+        exported = load_exported(args.model, dtype=dtype)
+        model, draft, tokenizer = exported
+        prompt_format, drafted_by = exported.record.prompt_format or RAW, "the export's schedule"
+    else:  # the base model drafts under the check's 2x schedule
+        model, tokenizer = load_causal_lm(args.model, dtype=dtype).eval(), load_tokenizer(args.model)
+        draft = two_x_schedule(model.config.num_hidden_layers).build(model.config.num_hidden_layers)
+        prompt_format, drafted_by = RAW, "the 2x SkipDecode schedule (base model, not trained for it)"
+    decoder = Decoder(model.to(args.device), tokenizer, prompt_format, args.device)
+    sources = LOSSLESS_SOURCES if prompt_format is not RAW else [
+        f"Describe the restaurant in one sentence. {mr} Sentence:" for mr in LOSSLESS_SOURCES]
+    rows = []
+    for batch in args.batches:
+        ids, mask = next(decoder.batches(sources[:batch], batch))
+        rows.append(lossless_row(model, tokenizer.pad_token_id, draft, ids, mask, args))
+        print(f"batch {batch}: speculative K={args.draft_tokens} over full depth {rows[-1]['speedup_median']:.2f}x "
+              f"({rows[-1]['speedup_min']:.2f}-{rows[-1]['speedup_max']:.2f}), acceptance {rows[-1]['acceptance']:.2f}"
+              f", bound {rows[-1]['bound']:.2f}x", file=sys.stderr, flush=True)
+    record(args.results, "lossless", {
+        "model": args.model, "draft": drafted_by, "draft_schedule": draft.family, "draft_tokens": args.draft_tokens,
+        "draft_mean_layers_per_token": round(draft.mean_layers_per_token(args.new_tokens), 3), "dtype": args.dtype,
+        "device": args.device, "new_tokens": args.new_tokens, "pairs": args.pairs, "warmup": args.warmup,
+        "timing": "interleaved pairs (full depth, speculative) after warm-up rounds; the median of the per-pair "
+                  "wall-time ratios with min and max; no end-of-sequence stop, so both arms decode the same tokens",
+        "rows": rows,
+    })
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results", type=Path, required=True, help="JSON file the findings are merged into")
@@ -214,9 +321,18 @@ def main() -> None:
     bench.add_argument("--batch", type=int, default=8)
     bench.add_argument("--new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3)
+    lossless = sub.add_parser("lossless", help=cmd_lossless.__doc__)
+    lossless.add_argument("--model", required=True, help="an export (drafts under its schedule) or a base model")
+    lossless.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    lossless.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    lossless.add_argument("--batches", type=lambda text: [int(b) for b in text.split(",")], default=[1, 8, 32])
+    lossless.add_argument("--draft-tokens", type=int, default=4)
+    lossless.add_argument("--new-tokens", type=int, default=64)
+    lossless.add_argument("--pairs", type=int, default=5)
+    lossless.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
     {"environment": cmd_environment, "model": cmd_model, "schedule": cmd_schedule, "consolidate": cmd_consolidate,
-     "bench": cmd_bench}[args.command](args)
+     "bench": cmd_bench, "lossless": cmd_lossless}[args.command](args)
 
 
 if __name__ == "__main__":
