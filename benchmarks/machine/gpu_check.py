@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -201,23 +199,6 @@ def cmd_bench(args: argparse.Namespace) -> None:
     record(args.results, "export_reload_generation", found)
 
 
-def interleaved(arms: dict[str, Callable[[], Any]], pairs: int, warmup: int = 1) -> dict[str, list[dict[str, Any]]]:
-    """Run the arms in turn (A B A B ..., never all A then all B): ``warmup`` untimed rounds, then ``pairs`` timed
-    ones. Per arm, each timed pass's wall and process CPU seconds and what it returned (``out``); an arm returns host
-    values, so that its device work is done when its pass ends."""
-    for _ in range(warmup):
-        for arm in arms.values():
-            arm()
-    passes: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
-    for _ in range(pairs):
-        for name, arm in arms.items():
-            wall, cpu = time.perf_counter(), time.process_time()
-            out = arm()
-            passes[name].append({"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
-                                 "out": out})
-    return passes
-
-
 LOSSLESS_SOURCES = [f"name[{name}], eatType[{kind}], food[{food}], area[{area}]"
                     for name in ("The Eagle", "Zizzi", "Aromi", "The Mill") for kind in ("pub", "coffee shop")
                     for food in ("French", "Italian") for area in ("riverside", "city centre")]
@@ -226,40 +207,44 @@ LOSSLESS_SOURCES = [f"name[{name}], eatType[{kind}], food[{food}], area[{area}]"
 
 def lossless_row(model, pad: int, draft, ids: torch.Tensor, mask: torch.Tensor, args: argparse.Namespace
                  ) -> dict[str, Any]:
-    """One batch's lossless row: full depth and speculative decoding of ``ids`` timed as interleaved pairs."""
+    """One batch's lossless row: full depth and speculative decoding of ``ids`` for the same tokens, in the timing
+    protocol's rounds (:mod:`benchmarks.common.timing`; each pass's work is its token count, equal by construction)."""
+    from benchmarks.common.timing import median_wall, run
     from skiptrain import Dense, generate_under_schedule
     from skiptrain.frontends.decode import draft_step_over_verification
     from skiptrain.frontends.speculative import generate_lossless
     from skiptrain.shipped.speculate import speedup_bound
 
-    dense, k, new_tokens, speculative = Dense().build(draft.num_layers), args.draft_tokens, args.new_tokens, []
+    dense, k, new_tokens = Dense().build(draft.num_layers), args.draft_tokens, args.new_tokens
+    outputs: dict[str, list[list[int]]] = {}
+    speculative = []
 
-    def full_depth() -> list[list[int]]:
-        return generate_under_schedule(model, ids, mask, dense, new_tokens, pad_token_id=pad).tokens.tolist()
+    def full_depth() -> int:  # host values: the device's work is done when the pass ends
+        outputs["full_depth"] = generate_under_schedule(model, ids, mask, dense, new_tokens, pad_token_id=pad
+                                                        ).tokens.tolist()
+        return sum(map(len, outputs["full_depth"]))
 
-    def drafted() -> list[list[int]]:
+    def drafted() -> int:
         speculative.append(generate_lossless(model, ids, mask, draft, new_tokens, k, pad_token_id=pad))
-        return speculative[-1].tokens.tolist()
+        outputs["speculative"] = speculative[-1].tokens.tolist()
+        return sum(map(len, outputs["speculative"]))
 
-    passes = interleaved({"full_depth": full_depth, "speculative": drafted}, args.pairs, args.warmup)
-    ratios = [a["wall_s"] / b["wall_s"] for a, b in zip(passes["full_depth"], passes["speculative"], strict=True)]
-    tokens = {name: sum(map(len, runs[-1]["out"])) for name, runs in passes.items()}
-    assert tokens["full_depth"] == tokens["speculative"] == len(ids) * new_tokens, tokens
+    timing = run({"full_depth": full_depth, "speculative": drafted}, args.rounds, args.warmup,
+                 label=f"batch {len(ids)}: ")
+    report = timing.report({"speculative": ("full_depth", "speculative")})
     out = speculative[-1]
-    dense_step = statistics.median(p["wall_s"] for p in passes["full_depth"]) / new_tokens  # prefill included
+    dense_step = median_wall(timing.passes["full_depth"]) / new_tokens  # prefill included
     draft_step = out.seconds.draft / out.stats.draft_steps if out.stats.draft_steps else 0.0
     a = out.stats.acceptance_rate
     return {
-        "batch": len(ids), "tokens_per_pass": tokens["full_depth"],
-        "speedup_median": round(statistics.median(ratios), 3), "speedup_min": round(min(ratios), 3),
-        "speedup_max": round(max(ratios), 3), "pair_ratios": [round(r, 4) for r in ratios],
-        "differing_rows": sum(x != y for x, y in zip(*(runs[-1]["out"] for runs in passes.values()), strict=True)),
+        "batch": len(ids), "tokens_per_pass": len(ids) * new_tokens,
+        "claim_wall": report["comparisons"]["speculative"]["claim_wall"],
+        "differing_rows": sum(x != y for x, y in zip(outputs["full_depth"], outputs["speculative"], strict=True)),
         "acceptance": round(a, 4), "tokens_per_verification": round(out.stats.tokens_per_verification, 3),
         "draft_step_over_verification": round(draft_step_over_verification(out.stats, out.seconds), 4),
         "draft_step_over_full_depth_step": round(draft_step / dense_step, 4),
         "bound": round(speedup_bound(a, k, draft_step / dense_step), 3),
-        "passes": {name: [{key: round(v, 4) for key, v in p.items() if key != "out"} for p in runs]
-                   for name, runs in passes.items()},
+        "timing": report,
     }
 
 
@@ -288,15 +273,15 @@ def cmd_lossless(args: argparse.Namespace) -> None:
     for batch in args.batches:
         ids, mask = next(decoder.batches(sources[:batch], batch))
         rows.append(lossless_row(model, tokenizer.pad_token_id, draft, ids, mask, args))
-        print(f"batch {batch}: speculative K={args.draft_tokens} over full depth {rows[-1]['speedup_median']:.2f}x "
-              f"({rows[-1]['speedup_min']:.2f}-{rows[-1]['speedup_max']:.2f}), acceptance {rows[-1]['acceptance']:.2f}"
-              f", bound {rows[-1]['bound']:.2f}x", file=sys.stderr, flush=True)
+        print(f"batch {batch}: speculative K={args.draft_tokens} over full depth {rows[-1]['claim_wall']}, acceptance "
+              f"{rows[-1]['acceptance']:.2f}, bound {rows[-1]['bound']:.2f}x", file=sys.stderr, flush=True)
     record(args.results, "lossless", {
         "model": args.model, "draft": drafted_by, "draft_schedule": draft.family, "draft_tokens": args.draft_tokens,
         "draft_mean_layers_per_token": round(draft.mean_layers_per_token(args.new_tokens), 3), "dtype": args.dtype,
-        "device": args.device, "new_tokens": args.new_tokens, "pairs": args.pairs, "warmup": args.warmup,
-        "timing": "interleaved pairs (full depth, speculative) after warm-up rounds; the median of the per-pair "
-                  "wall-time ratios with min and max; no end-of-sequence stop, so both arms decode the same tokens",
+        "device": args.device, "new_tokens": args.new_tokens, "rounds": args.rounds, "warmup": args.warmup,
+        "timing": "the timing protocol (benchmarks/common/timing.py) per batch: full depth and speculative in rotated "
+                  "rounds, the median per-round wall-time ratio with its interval; no end-of-sequence stop, so "
+                  "both arms decode the same tokens",
         "rows": rows,
     })
 
@@ -328,7 +313,7 @@ def main() -> None:
     lossless.add_argument("--batches", type=lambda text: [int(b) for b in text.split(",")], default=[1, 8, 32])
     lossless.add_argument("--draft-tokens", type=int, default=4)
     lossless.add_argument("--new-tokens", type=int, default=64)
-    lossless.add_argument("--pairs", type=int, default=5)
+    lossless.add_argument("--rounds", type=int, default=5, help="timed interleaved rounds (pairs)")
     lossless.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
     {"environment": cmd_environment, "model": cmd_model, "schedule": cmd_schedule, "consolidate": cmd_consolidate,
