@@ -287,7 +287,8 @@ def test_the_warning_estimates_c_as_a_draft_step_over_a_verification_and_says_wh
     assert bound == pytest.approx(speedup_bound(0.2, 4, (1.6 / 16) / (1.0 / 4)))  # c = 0.4
     (line,) = unpaid_warnings(recwarn)
     for part in ("speculative=4 is slower", "a = 0.20", "c <= 0.40", f"= {bound:.2f}x", "joint objective "
-                 "(--model.dense_loss_weight 1.0)", "smaller --speculative", "fewer layers", "without --speculative"):
+                 "(--model.dense_loss_weight 1.0)", "--draft_vocab_size N", "smaller --speculative", "fewer layers",
+                 "without --speculative"):
         assert part in line, (part, line)
     assert "\n" not in line
     assert warn_unless_speculation_pays(SpeculationStats(verifications=3), StepSeconds(verify=1.0), 4) is None

@@ -178,8 +178,9 @@ def warn_unless_speculation_pays(speculation: SpeculationStats, seconds: StepSec
         log.warn(f"speculative={draft_tokens} is slower than full-depth decoding on this model: its first batch "
                  f"accepted a = {acceptance:.2f} of the drafts, a draft step cost c <= {cost:.2f} of a full-depth "
                  f"step, so the speedup is at most (1 - a^(K+1)) / ((1 - a)(K c + 1)) = {bound:.2f}x; train the "
-                 "draft with the joint objective (--model.dense_loss_weight 1.0), or use a smaller --speculative or "
-                 "a draft schedule with fewer layers (--draft_schedule), or decode without --speculative")
+                 "draft with the joint objective (--model.dense_loss_weight 1.0), draft over a pruned vocabulary "
+                 "(export --draft_vocab_size N), use a smaller --speculative or a draft schedule with fewer layers "
+                 "(--draft_schedule), or decode without --speculative")
     return bound
 
 
