@@ -211,7 +211,6 @@ def lossless_row(model, pad: int, draft, ids: torch.Tensor, mask: torch.Tensor, 
     protocol's rounds (:mod:`benchmarks.common.timing`; each pass's work is its token count, equal by construction)."""
     from benchmarks.common.timing import median_wall, run
     from skiptrain import Dense, generate_under_schedule
-    from skiptrain.frontends.decode import draft_step_over_verification
     from skiptrain.frontends.speculative import generate_lossless
     from skiptrain.shipped.speculate import speedup_bound
 
@@ -241,7 +240,6 @@ def lossless_row(model, pad: int, draft, ids: torch.Tensor, mask: torch.Tensor, 
         "claim_wall": report["comparisons"]["speculative"]["claim_wall"],
         "differing_rows": sum(x != y for x, y in zip(outputs["full_depth"], outputs["speculative"], strict=True)),
         "acceptance": round(a, 4), "tokens_per_verification": round(out.stats.tokens_per_verification, 3),
-        "draft_step_over_verification": round(draft_step_over_verification(out.stats, out.seconds), 4),
         "draft_step_over_full_depth_step": round(draft_step / dense_step, 4),
         "bound": round(speedup_bound(a, k, draft_step / dense_step), 3),
         "timing": report,

@@ -6,8 +6,8 @@ Each batch (:func:`~skiptrain.frontends.prompts.prompt_batches`) is decoded by
 :func:`~skiptrain.frontends.speculative.generate_lossless`, inside a fresh ``decoder.context()`` (e.g. the
 precision's autocast). The cost is :class:`DecodeStats`: wall time, and the mean executed decoder layers and ideal
 speedup over the tokens actually generated (:mod:`skiptrain.core.speedup`). Speculative decoding says once, after
-its first batch, when that batch's acceptance and draft cost make it slower than full depth
-(:func:`warn_unless_speculation_pays`).
+its first batch, when that batch's acceptance and draft cost (against a few full-depth steps of the same batch) make
+it slower than full depth (:func:`warn_unless_speculation_pays`).
 """
 
 from __future__ import annotations
@@ -24,16 +24,19 @@ from transformers import StoppingCriteriaList, StopStringCriteria
 from transformers.generation.streamers import BaseStreamer
 
 from skiptrain.core import log
-from skiptrain.core.schedules import SkipSchedule
+from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.core.speedup import batch_ideal_speedup, mean_executed_layers
 from skiptrain.export.format import read_draft_vocab
 from skiptrain.frontends.prompts import RAW, Completion, prompt_batches, prompt_text
 from skiptrain.frontends.request import GenerationRequest
 from skiptrain.frontends.speculative import StepSeconds, generate_lossless
+from skiptrain.modeling.architectures import decoder_parts
 from skiptrain.modeling.generation import generate_under_schedule
 from skiptrain.shipped.prompt_format import PromptFormat, PromptSource
 from skiptrain.shipped.speculate import SpeculationStats, speedup_bound
 
+DENSE_STEP_TOKENS = 16
+"""Full-depth steps timed to measure a draft step's relative cost (``--speculative``)."""
 
 @dataclass(frozen=True)
 class Decoder:
@@ -133,14 +136,15 @@ def complete(
                                         request.speculative, request.sampling, eos, tokenizer.pad_token_id,
                                         draft_vocab=vocab, draft_confidence=request.draft_confidence)
                 speculation, step_seconds = speculation.add(out.stats), step_seconds.add(out.seconds)
-                if not advised:
-                    advised = warn_unless_speculation_pays(out.stats, out.seconds, request.speculative) is not None
             else:
                 out = generate_under_schedule(decoder.model, ids, mask, schedule, request.max_new_tokens,
                                               request.sampling, eos, tokenizer.pad_token_id, streamer=streamer,
                                               stopping_criteria=stopping)
         decoder.synchronize()
         seconds += time.perf_counter() - started
+        if not advised:  # a full-depth step of this batch, timed outside the decode's cost
+            advised = warn_unless_speculation_pays(out.stats, out.seconds, request.speculative,
+                                                   full_depth_step_seconds(decoder, ids, mask, request)) is not None
         rows = zip(out.tokens.tolist(), out.lengths.tolist(), out.texts(tokenizer), strict=True)
         for row, n, text in rows:
             completions.append(Completion(prompt_text(prompts[len(completions)]), text, n, row[:n]))  # in order
@@ -149,34 +153,37 @@ def complete(
     return completions, stats
 
 
-def draft_step_over_verification(speculation: SpeculationStats, seconds: StepSeconds) -> float:
-    """A draft step's mean wall time over a verification's, from one speculative decode's own counts and timings: at
-    most the draft's cost ``c`` relative to a full-depth step, since a verification of K + 1 columns costs at least
-    one (0 when nothing was drafted)."""
-    if not (speculation.draft_steps and seconds.verify > 0):
-        return 0.0
-    return (seconds.draft / speculation.draft_steps) / (seconds.verify / speculation.verifications)
+def full_depth_step_seconds(decoder: Decoder, ids: torch.Tensor, mask: torch.Tensor, request: GenerationRequest
+                            ) -> float:
+    """Wall time of one full-depth decode step over the batch ``ids`` (end-of-sequence ignored), at most
+    :data:`DENSE_STEP_TOKENS` steps timed: speculative decoding without drafts, whose every verification is one
+    full-depth column."""
+    steps = max(min(request.max_new_tokens, DENSE_STEP_TOKENS), 2)
+    with decoder.context():
+        out = generate_lossless(decoder.model, ids, mask, Dense().build(decoder_parts(decoder.model).num_layers),
+                                steps, 0, request.sampling, None, decoder.tokenizer.pad_token_id)
+    decoder.synchronize()
+    return out.seconds.verify / out.stats.verifications
 
 
-def warn_unless_speculation_pays(speculation: SpeculationStats, seconds: StepSeconds, draft_tokens: int
-                                 ) -> float | None:
-    """Warn in one line when one speculative decode's acceptance ``a`` and draft cost ``c`` put the speedup bound
+def warn_unless_speculation_pays(speculation: SpeculationStats, seconds: StepSeconds, draft_tokens: int,
+                                 dense_step_seconds: float) -> float | None:
+    """Warn in one line when one speculative decode's acceptance ``a`` and draft cost ``c`` (its mean draft step over
+    ``dense_step_seconds``, a full-depth step's wall time) put the speedup bound
     (:func:`~skiptrain.shipped.speculate.speedup_bound`) below 1.0x, saying what to do; return that bound, or
     ``None`` when the decode judged no drafts.
 
-    ``c`` comes from the decode's own timings, with no forward call added (:func:`draft_step_over_verification`):
-    at most the true ``c``, so the bound is at least the true bound, and at least the speedup (K draft steps and one
-    verification per round, in units of a verification). The warning errs towards silence: up to timing noise, it is
-    never given to a draft that pays.
+    The bound counts a verification as one full-depth step, where it costs more (K + 1 columns), so it is at least
+    the speedup: the warning errs towards silence, and up to timing noise is never given to a draft that pays.
     """
     if not speculation.judged:
         return None
-    cost = draft_step_over_verification(speculation, seconds)
+    cost = seconds.draft / speculation.draft_steps / dense_step_seconds if speculation.draft_steps else 0.0
     acceptance = speculation.acceptance_rate
     bound = speedup_bound(acceptance, draft_tokens, cost)
     if bound < 1.0:
         log.warn(f"speculative={draft_tokens} is slower than full-depth decoding on this model: its first batch "
-                 f"accepted a = {acceptance:.2f} of the drafts, a draft step cost c <= {cost:.2f} of a full-depth "
+                 f"accepted a = {acceptance:.2f} of the drafts, a draft step cost c = {cost:.2f} of a full-depth "
                  f"step, so the speedup is at most (1 - a^(K+1)) / ((1 - a)(K c + 1)) = {bound:.2f}x; train the "
                  "draft with the joint objective (--model.dense_loss_weight 1.0), draft over a pruned vocabulary "
                  "(export --draft_vocab_size N), use a smaller --speculative or a draft schedule with fewer layers "
@@ -184,4 +191,5 @@ def warn_unless_speculation_pays(speculation: SpeculationStats, seconds: StepSec
     return bound
 
 
-__all__ = ["DecodeStats", "Decoder", "complete", "draft_step_over_verification", "warn_unless_speculation_pays"]
+__all__ = ["DENSE_STEP_TOKENS", "DecodeStats", "Decoder", "complete", "full_depth_step_seconds",
+           "warn_unless_speculation_pays"]
