@@ -16,7 +16,7 @@ from torch import nn
 
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.core.speedup import cost_summary, parameter_read_speedup
-from skiptrain.frontends.decode import DENSE_STEP_TOKENS, Decoder, DecodeStats, complete, full_depth_step_seconds
+from skiptrain.frontends.decode import Decoder, DecodeStats, complete, full_depth_step_seconds
 from skiptrain.frontends.prompts import Completion
 from skiptrain.frontends.request import GenerationRequest
 from skiptrain.modeling.architectures import decoder_parts
@@ -160,5 +160,5 @@ def dense_step_seconds(decoder: Decoder, prompts: Sequence[PromptSource], reques
     return full_depth_step_seconds(decoder, *next(decoder.batches(prompts, request.batch_size)), request)
 
 
-__all__ = ["DENSE_STEP_TOKENS", "GenerationReport", "SpeculationReport", "SpeedComparison", "compare_speed",
+__all__ = ["GenerationReport", "SpeculationReport", "SpeedComparison", "compare_speed",
            "dense_step_seconds", "parameter_counts"]
