@@ -17,7 +17,8 @@ from skiptrain.frontends.decode import Decoder, complete, warn_unless_speculatio
 from skiptrain.frontends.request import GenerationRequest
 from skiptrain.frontends.speculative import SkipSteps, StepSeconds, generate_lossless
 from skiptrain.modeling.loading import prepare_tokenizer
-from skiptrain.shipped.lossless import sampling_warpers
+from skiptrain.shipped.gates import ColumnGate, checked_layers, gates_installed, own_forwards
+from skiptrain.shipped.lossless import GatedSteps, sampling_warpers
 from skiptrain.shipped.speculate import SpeculationStats, sampled_acceptance, speedup_bound
 
 LAYERS = 6
@@ -91,10 +92,20 @@ class RecordingSteps(SkipSteps):
         super().__init__(*args)
         self.fed = [row[seen.bool()] for row, seen in zip(prompt_ids, prompt_mask, strict=True)]
         self.after_verification = []
+        self.rows = list(range(len(prompt_ids)))  # the batch's rows, as numbered in the prompts
+        select = self.cache.batch_select_indices
+
+        def select_rows(rows):  # the rows that ended leave the batch
+            select(rows)
+            self.fed, self.rows = [self.fed[row] for row in rows.tolist()], [self.rows[row] for row in rows.tolist()]
+
+        self.cache.batch_select_indices = select_rows
 
     def draft(self, input_ids, attention_mask, index):
         logits = super().draft(input_ids, attention_mask, index)
-        logits[1] = logits[1].roll(1)
+        if 1 in self.rows:  # until row 1 ends
+            spoiled = self.rows.index(1)
+            logits[spoiled] = logits[spoiled].roll(1)
         return logits
 
     def verify(self, input_ids, attention_mask, past):
@@ -281,6 +292,7 @@ def test_the_speedup_bound():
     assert speedup_bound(1.0, 4, 0.0) == 5.0  # every draft accepted and free: K + 1 tokens per full-depth step
     assert speedup_bound(0.0, 4, 0.5) == pytest.approx(1 / 3)  # nothing accepted: one token per 3 steps' cost
     assert speedup_bound(0.8, 2, 0.5) == pytest.approx((1 + 0.8 + 0.64) / 2)
+    assert speedup_bound(0.8, 2, 0.5, verify_cost=2.0) == pytest.approx((1 + 0.8 + 0.64) / 3)  # v: 2 full steps
 
 
 
@@ -397,3 +409,64 @@ def test_schedule_from_file_takes_an_export_json_a_family_or_a_recipe_fragment(s
     fragment.write_text("class_path: skiptrain.Nope\n")
     with pytest.raises(ScheduleError, match=r"class_path='skiptrain.Nope' is invalid: allowed one of"):
         schedule_from_file(str(fragment), LAYERS)
+
+
+def test_the_lossless_profile_breaks_a_round_down_on_a_tiny_model():
+    from argparse import Namespace
+
+    from benchmarks.speed.lossless_profile import exact_prefix, profile_batch
+
+    model, draft = tiny_model("llama", LAYERS), DRAFTS["decaying"].build(LAYERS)
+    ids, mask = left_padded_batch(3, 5, 0)
+    args = Namespace(draft_tokens=3, context=2, padding=4, rounds=2, new_tokens=8)
+    with torch.no_grad():
+        row = profile_batch(model, draft, ids, mask, args, eos=None, pad=0)
+    assert row["cache_columns"] == 5 + 2 and row["padded"]["cache_columns"] == 5 + 2 + 4
+    assert row["draft_exact_prefix_layers"] == exact_prefix(draft, 2) < LAYERS
+    for name in ("full", "draft", "verify"):
+        sections = row["sections_ms"][name]
+        assert sections["decoder layers"] > 0 and sections["lm head"] > 0
+        assert sections["total"] >= sections["decoder layers"] + sections["lm head"]
+    assert list(row["lm_head_ms_by_rows"]) == ["1", "2", "3", "4", "6", "12"]  # up to B (K + 1) columns
+    assert 0 < row["sections_ms"]["verify"]["recomputed draft layers"] < row["sections_ms"]["verify"]["decoder layers"]
+    decode = row["decode"]
+    assert decode["tokens_generated"] == 3 * 8  # no end of sequence: every row runs to new_tokens
+    assert abs(sum(decode["share"].values()) - 1) < 0.01 and set(decode["share"]) == {
+        "prefill", "draft", "verify", "cache compaction", "loop bookkeeping"}
+    assert 0 < decode["kept_per_row_column_verified"] <= 1
+
+
+def calls_rows(steps):
+    """``steps`` with each call's kind and row count recorded in ``steps.rows_seen``."""
+    steps.rows_seen = []
+    for kind in ("prefill", "draft", "verify"):
+        call = getattr(steps, kind)
+        setattr(steps, kind, lambda input_ids, *args, kind=kind, call=call: steps.rows_seen.append(
+            (kind, len(input_ids))) or call(input_ids, *args))
+    return steps
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_row_that_ends_leaves_the_batch_and_every_row_keeps_its_full_depth_tokens(family):
+    """Through both steps (skiptrain's forward and the export's gated model): after a row ends no call brings it."""
+    model = tiny_model(family, LAYERS)
+    ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
+    free = generate_under_schedule(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS)
+    eos = int(free.tokens[1, 3])  # row 1 ends by its fourth token
+    dense = generate_under_schedule(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, eos_token_id=eos,
+                                    pad_token_id=0, return_logits=True)
+    assert int(dense.lengths.min()) < int(dense.lengths.max()), "precondition: rows end at different tokens"
+    draft = DRAFTS["decaying"].build(LAYERS)
+    layers = checked_layers(model)
+    gate = ColumnGate(ids.shape[1], range(LAYERS), [draft.executed_layers(g) for g in range(NEW_TOKENS)])
+    own = calls_rows(SkipSteps(model, draft, ids.shape[1]))
+    decoded = {own: shared.speculate(own, ids, mask, NEW_TOKENS, 3, eos, 0)}
+    gated = calls_rows(GatedSteps(model, gate))
+    with gates_installed(layers, own_forwards(layers), gate):
+        decoded[gated] = shared.speculate(gated, ids, mask, NEW_TOKENS, 3, eos, 0)
+    for steps, (tokens, lengths, stats) in decoded.items():
+        assert_full_depth_tokens(tokens, dense)
+        assert torch.equal(lengths, dense.lengths)
+        sizes = [rows for _, rows in steps.rows_seen]
+        assert sizes[0] == 3 and sizes[-1] < 3 and sizes == sorted(sizes, reverse=True), steps.rows_seen
+        assert stats.row_verifications == sum(rows for kind, rows in steps.rows_seen if kind == "verify")

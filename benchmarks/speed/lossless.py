@@ -101,14 +101,15 @@ def speculation_summary(runs: list[dict], draft_tokens: int, dense_step_s: float
         stats = stats.add(one["stats"])
         seconds = {name: spent + one["seconds"][name] for name, spent in seconds.items()}
     c = seconds["draft"] / stats.draft_steps / dense_step_s if stats.draft_steps else 0.0
+    v = seconds["verify"] / stats.verifications / dense_step_s
     return {
         "draft_tokens": draft_tokens,
         "acceptance": stats.acceptance_rate,
         "accepted": stats.accepted, "judged": stats.judged,
         "tokens_per_verification": stats.tokens_per_verification,
         "draft_cost_c": c,
-        "verify_cost": seconds["verify"] / stats.verifications / dense_step_s,
-        "bound": speedup_bound(stats.acceptance_rate, draft_tokens, c),
+        "verify_cost": v,
+        "bound": speedup_bound(stats.acceptance_rate, draft_tokens, c, v),
     }
 
 

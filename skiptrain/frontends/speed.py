@@ -108,8 +108,9 @@ class SpeculationReport:
 
     @property
     def bound(self) -> float:
-        """The speedup the measured acceptance and draft cost allow (:func:`speedup_bound`)."""
-        return speedup_bound(self.acceptance, self.draft_tokens, self.draft_cost)
+        """The speedup the measured acceptance, draft cost and verification cost allow (:func:`speedup_bound`)."""
+        verify_cost = self.verify_cost if self.stats.speculation.verifications else 1.0  # none ran: the default
+        return speedup_bound(self.acceptance, self.draft_tokens, self.draft_cost, verify_cost)
 
     @property
     def measured_speedup(self) -> float | None:
