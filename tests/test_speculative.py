@@ -308,10 +308,10 @@ def unpaid_warnings(recorded) -> list[str]:
 
 def test_the_warning_measures_c_against_a_full_depth_step_and_says_what_to_do(recwarn):
     stats = SpeculationStats(verifications=4, draft_steps=16, judged=10, accepted=2)
-    bound = warn_unless_speculation_pays(stats, StepSeconds(draft=1.6, verify=1.0), 4, 0.25)
-    assert bound == pytest.approx(speedup_bound(0.2, 4, (1.6 / 16) / 0.25))  # c = 0.4
+    bound = warn_unless_speculation_pays(stats, StepSeconds(draft=1.6, verify=1.5), 4, 0.25)
+    assert bound == pytest.approx(speedup_bound(0.2, 4, (1.6 / 16) / 0.25, (1.5 / 4) / 0.25))  # c = 0.4, v = 1.5
     (line,) = unpaid_warnings(recwarn)
-    for part in ("speculative=4 is slower", "a = 0.20", "c = 0.40", f"= {bound:.2f}x", "joint objective "
+    for part in ("speculative=4 is slower", "a = 0.20", "c = 0.40", "v = 1.50", f"= {bound:.2f}x", "joint objective "
                  "(--model.dense_loss_weight 1.0)", "--draft_vocab_size N", "smaller --speculative", "fewer layers",
                  "without --speculative"):
         assert part in line, (part, line)

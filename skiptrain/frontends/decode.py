@@ -168,26 +168,24 @@ def full_depth_step_seconds(decoder: Decoder, ids: torch.Tensor, mask: torch.Ten
 
 def warn_unless_speculation_pays(speculation: SpeculationStats, seconds: StepSeconds, draft_tokens: int,
                                  dense_step_seconds: float) -> float | None:
-    """Warn in one line when one speculative decode's acceptance ``a`` and draft cost ``c`` (its mean draft step over
-    ``dense_step_seconds``, a full-depth step's wall time) put the speedup bound
-    (:func:`~skiptrain.shipped.speculate.speedup_bound`) below 1.0x, saying what to do; return that bound, or
-    ``None`` when the decode judged no drafts.
-
-    The bound counts a verification as one full-depth step, where it costs more (K + 1 columns), so it is at least
-    the speedup: the warning errs towards silence, and up to timing noise is never given to a draft that pays.
+    """Warn in one line when one speculative decode's acceptance ``a``, draft cost ``c`` and verification cost ``v``
+    (its mean draft step and verification over ``dense_step_seconds``, a full-depth step's wall time) put the
+    speedup bound (:func:`~skiptrain.shipped.speculate.speedup_bound`, the one generate's report prints) below 1.0x,
+    saying what to do; return that bound, or ``None`` when the decode judged no drafts.
     """
     if not speculation.judged:
         return None
     cost = seconds.draft / speculation.draft_steps / dense_step_seconds if speculation.draft_steps else 0.0
+    verify = seconds.verify / speculation.verifications / dense_step_seconds
     acceptance = speculation.acceptance_rate
-    bound = speedup_bound(acceptance, draft_tokens, cost)
+    bound = speedup_bound(acceptance, draft_tokens, cost, verify)
     if bound < 1.0:
         log.warn(f"speculative={draft_tokens} is slower than full-depth decoding on this model: its first batch "
-                 f"accepted a = {acceptance:.2f} of the drafts, a draft step cost c = {cost:.2f} of a full-depth "
-                 f"step, so the speedup is at most (1 - a^(K+1)) / ((1 - a)(K c + 1)) = {bound:.2f}x; train the "
-                 "draft with the joint objective (--model.dense_loss_weight 1.0), draft over a pruned vocabulary "
-                 "(export --draft_vocab_size N), use a smaller --speculative or a draft schedule with fewer layers "
-                 "(--draft_schedule), or decode without --speculative")
+                 f"accepted a = {acceptance:.2f} of the drafts, a draft step cost c = {cost:.2f} and a verification "
+                 f"v = {verify:.2f} full-depth steps, so the speedup is at most (1 - a^(K+1)) / ((1 - a)(K c + v)) "
+                 f"= {bound:.2f}x; train the draft with the joint objective (--model.dense_loss_weight 1.0), draft "
+                 "over a pruned vocabulary (export --draft_vocab_size N), use a smaller --speculative or a draft "
+                 "schedule with fewer layers (--draft_schedule), or decode without --speculative")
     return bound
 
 
