@@ -3,17 +3,23 @@ cache after a verification, and the full-depth distribution when sampling (and a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers.tiny_models import ARCHITECTURES, left_padded_batch, tiny_model
+from helpers.tiny_tokenizer import build_tiny_tokenizer
 
 import skiptrain.shipped.speculate as shared
 from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate_under_schedule
 from skiptrain.errors import UsageError
-from skiptrain.frontends.speculative import SkipSteps, generate_lossless
+from skiptrain.frontends.decode import Decoder, complete, warn_unless_speculation_pays
+from skiptrain.frontends.request import GenerationRequest
+from skiptrain.frontends.speculative import SkipSteps, StepSeconds, generate_lossless
+from skiptrain.modeling.loading import prepare_tokenizer
 from skiptrain.shipped.gates import ColumnGate, checked_layers, gates_installed, own_forwards
 from skiptrain.shipped.lossless import GatedSteps, sampling_warpers
-from skiptrain.shipped.speculate import sampled_acceptance, speedup_bound
+from skiptrain.shipped.speculate import SpeculationStats, sampled_acceptance, speedup_bound
 
 LAYERS = 6
 NEW_TOKENS = 12
@@ -289,6 +295,58 @@ def test_the_speedup_bound():
     assert speedup_bound(0.8, 2, 0.5, verify_cost=2.0) == pytest.approx((1 + 0.8 + 0.64) / 3)  # v: 2 full steps
 
 
+
+# -- saying when it does not pay ------------------------------------------------------------------------------------
+UNPAID = "is slower than full-depth decoding on this model"
+PROMPTS = ["Monday", "Rain", "Write the weather forecast.\nData: city[Oslo]\nForecast:", "The council met on",
+           "Hello there", "A B C"]
+
+
+def unpaid_warnings(recorded) -> list[str]:
+    return [str(w.message) for w in recorded if UNPAID in str(w.message)]
+
+
+def test_the_warning_measures_c_against_a_full_depth_step_and_says_what_to_do(recwarn):
+    stats = SpeculationStats(verifications=4, draft_steps=16, judged=10, accepted=2)
+    bound = warn_unless_speculation_pays(stats, StepSeconds(draft=1.6, verify=1.5), 4, 0.25)
+    assert bound == pytest.approx(speedup_bound(0.2, 4, (1.6 / 16) / 0.25, (1.5 / 4) / 0.25))  # c = 0.4, v = 1.5
+    (line,) = unpaid_warnings(recwarn)
+    for part in ("speculative=4 is slower", "a = 0.20", "c = 0.40", "v = 1.50", f"= {bound:.2f}x", "joint objective "
+                 "(--model.dense_loss_weight 1.0)", "--draft_vocab_size N", "smaller --speculative", "fewer layers",
+                 "without --speculative"):
+        assert part in line, (part, line)
+    assert "\n" not in line
+    assert warn_unless_speculation_pays(SpeculationStats(verifications=3), StepSeconds(verify=1.0), 4, 0.25) is None
+    assert warn_unless_speculation_pays(replace(stats, accepted=10), StepSeconds(draft=1.6, verify=1.0), 4, 0.25) > 1
+    assert len(unpaid_warnings(recwarn)) == 1, "no warning where every draft is accepted"
+
+
+def test_an_untrained_draft_is_said_once_to_be_slower_and_a_draft_that_is_always_accepted_is_not(recwarn):
+    """Three batches of a random model whose one-layer drafts are mostly rejected: one warning. The same request on
+    a model whose layers after the first add nothing to the residual stream (output projections zeroed), so that
+    its one-layer draft is its full-depth model and every draft is accepted at a fraction of the cost: none."""
+    tokenizer = prepare_tokenizer(build_tiny_tokenizer())
+    request = GenerationRequest(16, batch_size=2, speculative=8)
+    untrained = tiny_model("llama", LAYERS, vocab_size=len(tokenizer))
+    stats = complete(Decoder(untrained, tokenizer), Static(layers=(0,)).build(LAYERS), PROMPTS, request)[1]
+    assert stats.speculation.acceptance_rate < 0.5, "precondition: random tiny models reject most drafts"
+    (line,) = unpaid_warnings(recwarn)
+    assert "speculative=8 is slower" in line
+
+    recwarn.clear()
+    shallow = tiny_model("llama", 12, vocab_size=len(tokenizer))
+    with torch.no_grad():
+        for layer in shallow.model.layers[1:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    stats = complete(Decoder(shallow, tokenizer), Static(layers=(0,)).build(12), PROMPTS,
+                     GenerationRequest(16, batch_size=2, speculative=4))[1]
+    assert stats.speculation.acceptance_rate == 1.0
+    assert not unpaid_warnings(recwarn)
+    complete(Decoder(untrained, tokenizer), Static(layers=(0,)).build(LAYERS), PROMPTS, request, advise=False)
+    assert not unpaid_warnings(recwarn), "advise=False (generate's warm-up) says nothing"
+
+
 # -- the command line -------------------------------------------------------------------------------------------------
 def test_generate_speculative_writes_the_full_depth_completions_and_reports_acceptance_and_cost(skip_export, tmp_path):
     from skiptrain.cli.app import main
@@ -318,6 +376,21 @@ def test_generate_speculative_writes_the_full_depth_completions_and_reports_acce
             assert part in summary, (part, summary)
         assert ("measured speedup" in summary) == compare, summary
         assert report.speculation.stats.speculation.judged >= report.speculation.stats.speculation.accepted > 0
+
+
+
+def test_generate_speculative_says_once_when_its_first_batch_makes_it_slower(skip_export, tmp_path, recwarn):
+    from skiptrain.cli.app import main
+
+    prompts, draft = tmp_path / "prompts.txt", tmp_path / "draft.yaml"
+    prompts.write_text("The council met\nDescribe the weather in one sentence.\nHello\n")
+    draft.write_text("class_path: skiptrain.Static\ninit_args:\n  layers: [0]\n")
+    report = main(["generate", "--model.model", str(skip_export("llama")), "--prompts", str(prompts),
+                   "--output", str(tmp_path / "out.jsonl"), "--max_new_tokens", "12", "--batch_size", "1",
+                   "--speculative", "8", "--draft_schedule", str(draft), "--trainer.accelerator", "cpu"])
+    assert report.speculation.acceptance < 0.5, "precondition: a random model's one-layer drafts are mostly rejected"
+    (line,) = unpaid_warnings(recwarn)  # three batches, one line
+    assert line.startswith("speculative=8 is slower than full-depth decoding") and "--model.dense_loss_weight" in line
 
 
 def test_schedule_from_file_takes_an_export_json_a_family_or_a_recipe_fragment(skip_export, tmp_path):
