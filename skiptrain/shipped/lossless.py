@@ -15,7 +15,7 @@ from torch import nn
 from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from .cache import SkipCache
+from .cache import SkipCache, cache_argument
 from .gates import ColumnGate, checked_layers, gates_installed, own_forwards
 from .schedule import SkipScheduleError, read_schedule
 from .speculate import crop_cache, sliding_window_of, speculate
@@ -42,7 +42,7 @@ class GatedSteps:
         past = self.cache.get_seq_length()
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # as transformers' generate
         logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                            cache=self.cache, use_cache=True, logits_to_keep=int(last_only)).logits
+                            **cache_argument(self.cache), use_cache=True, logits_to_keep=int(last_only)).logits
         return (logits[:, -1] if last_only else logits).float()
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
