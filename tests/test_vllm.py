@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -107,21 +108,33 @@ def exports(cases):
 # -- every family, requests together and arriving one by one --------------------------------------------------------
 @pytest.fixture(scope="module", params=vllm_cases.FAMILIES)
 def family_engine(request, exports):
-    """An engine per family (one at a time), shared by that family's tests."""
+    """An engine per family (one at a time), shared by that family's tests: ``(llm, vectors, layer_types)``."""
     export, vectors = exports(request.param)
     llm = engine(export)
-    yield llm, vectors
+    config = json.loads((export / "config.json").read_text())
+    yield llm, vectors, config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
     close(llm)
 
 
 def test_every_family_decodes_the_conformance_vectors_in_one_batch(family_engine):
-    llm, vectors = family_engine
+    llm, vectors, _ = family_engine
     assert_conforms(vectors, outputs_of(llm, vectors))
 
 
 def test_requests_arriving_while_others_decode_share_steps_at_different_generated_indices(family_engine):
-    llm, vectors = family_engine
+    llm, vectors, _ = family_engine
     assert_conforms(vectors, staggered_outputs(llm, vectors))
+
+
+def test_sliding_and_global_layers_get_their_rows_metadata_from_their_own_kv_cache_group(family_engine):
+    """vLLM keeps Gemma's sliding-window and global layers in KV-cache groups of their own (own block tables, own
+    window): the rows' metadata of each layer is built by a builder of its group's layers, never across kinds."""
+    llm, vectors, layer_types = family_engine
+    assert_conforms(vectors, staggered_outputs(llm, vectors))  # steps at different generated indices: row subsets
+    groups = llm.apply_model(lambda model: sorted(model.skipper.builders))[0]
+    kinds = [{layer_types[int(re.search(r"layers\.(\d+)\.", name).group(1))] for name in group} for group in groups]
+    assert all(len(kind) == 1 for kind in kinds), groups
+    assert {kind.pop() for kind in kinds} == set(layer_types), groups  # every kind of layer ran on a row subset
 
 
 # -- chunked prefill and preemption ----------------------------------------------------------------------------------
@@ -188,6 +201,19 @@ def test_the_installed_vllm_is_a_supported_release():
     """Upgrading vLLM past the tested range fails here first: recheck the prompt-length route, then widen it."""
     installed = Version(vllm.__version__.split("+")[0])
     assert installed in SpecifierSet(SUPPORTED_VLLM), f"vLLM {installed} is outside {SUPPORTED_VLLM}"
+
+
+def test_the_installed_vllm_has_every_name_the_plugin_uses():
+    """The static check that vets releases the tests cannot install (docs/serving.md, "vLLM versions") passes on the
+    tested one, and each import it reads from the plugin's modules does import."""
+    import importlib
+
+    from skiptrain.serving.vllm_names import check, plugin_imports
+
+    assert check(Path(vllm.__file__).parent) == []
+    for need in plugin_imports():
+        module, name = need.split(":")
+        assert hasattr(importlib.import_module(module), name), need
 
 
 def test_a_prompt_table_out_of_batch_order_fails_loudly(tight_engine, monkeypatch):

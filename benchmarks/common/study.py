@@ -11,7 +11,6 @@ from torch import nn
 from skiptrain.cli.app import main
 from skiptrain.cli.lightning_cli import SkipCLI
 from skiptrain.modeling.loading import load_causal_lm
-from skiptrain.text.encoding import encode_prompts
 from skiptrain.training.sources import load_trained_model, resolve_weights_source
 
 
@@ -41,5 +40,5 @@ def test_prompts(cli: SkipCLI) -> tuple[list[str], list[str], list[list[str]]]:
     for batch in data.test_dataloader():
         sources += batch["sources"]
         references += batch["references"]
-    prompts, _ = encode_prompts(data.tokenizer, data.prompt_template, sources, data.max_source_tokens)
+    prompts, _ = data.prompt_format.encode(data.tokenizer, sources)  # trimmed to data.max_source_tokens
     return sources, prompts, references

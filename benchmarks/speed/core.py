@@ -6,23 +6,25 @@ so the numbers describe the real layer/head balance of that model. Schedule: Ski
 
 Reports, for each measurement, the measured speedup (dense time / skip time) next to the ideal
 decoder-layer-FLOP speedup, for the decoder layers alone (``skip_hidden_states``) and for the whole model
-(LM head and loss included, which skipping cannot reduce).
+(LM head and loss included, which skipping cannot reduce). Timing: :mod:`benchmarks.common.timing` (``--rounds``
+interleaved rounds of dense and skip after ``--warmup``; the median per-round ratio with its spread, every pass
+kept). Decoding times the whole decode and a one-token decode (its prefill) in each round; the decode phase is their
+difference, round by round.
 
-    python -m benchmarks.speed.core --out benchmarks/results/core_cpu.json [--threads 1]
+    taskset -c 1 python -m benchmarks.speed.core --threads 1 --out benchmarks/results/core_cpu_1thread.json
+    python -m benchmarks.speed.core --layers 2 --new-tokens 8 --rounds 2 --out runs/core_smoke.json  # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from benchmarks.common.machine import describe
+from benchmarks.common.timing import claims, compare, median_wall, run
 from skiptrain import Dense, generate_under_schedule, skip_forward, skip_hidden_states, skipdecode_for_speedup
 
 
@@ -37,19 +39,8 @@ def smollm2_shaped_model(attn: str, num_layers: int | None = None) -> torch.nn.M
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn)
 
 
-def timed(fn, repeats: int, warmup: int = 1) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def train_step(model, ids, mask, schedule, prompt_length, layers_only: bool) -> None:
+def train_step(model, ids, mask, schedule, prompt_length, layers_only: bool) -> int:
+    """One forward + backward under ``schedule``; its work, the number of tokens, for the same-work check."""
     model.zero_grad(set_to_none=True)
     if layers_only:
         out = skip_hidden_states(model, ids, mask, schedule, prompt_length)
@@ -61,6 +52,7 @@ def train_step(model, ids, mask, schedule, prompt_length, layers_only: bool) -> 
             logits[:, prompt_length - 1 : -1].flatten(0, 1).float(), targets.flatten()
         )
     loss.backward()
+    return ids.numel()
 
 
 def main() -> None:
@@ -72,7 +64,9 @@ def main() -> None:
     parser.add_argument("--decode-batch", type=int, default=8)
     parser.add_argument("--decode-prompt", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="timed interleaved rounds (pairs)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    parser.add_argument("--layers", type=int, default=None, help="fewer layers, for a quick smoke run")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     parser.add_argument("--parts", default="train,decode", help="comma-separated: train, decode")
@@ -81,17 +75,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     dtype = getattr(torch, args.dtype)
-    model = smollm2_shaped_model(args.attn).to(dtype)
+    model = smollm2_shaped_model(args.attn, num_layers=args.layers).to(dtype)
     num_layers = model.config.num_hidden_layers
     family = skipdecode_for_speedup(num_layers, 2.0, decay_tokens=args.new_tokens, generation_length=args.new_tokens)
     skip = family.build(num_layers)
     dense = Dense().build(num_layers)
     results: dict = {
         "command": "python -m benchmarks.speed.core " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
         ),
-        "machine": describe(),
-        "model": "random Llama, SmolLM2-135M shape (30 layers, hidden 576, vocab 49152)",
+        "model": f"random Llama, SmolLM2-135M shape ({num_layers} layers, hidden 576, vocab 49152)",
         "dtype": args.dtype,
         "schedule": {"family": skip.family, "params": skip.params},
     }
@@ -108,18 +101,19 @@ def main() -> None:
         train = {"batch": args.train_batch, "prompt_length": args.prompt_length,
                  "generated_columns": args.train_generated, "ideal_layer_flop_speedup": ideal_train}
         for scope, layers_only in (("decoder_layers", True), ("whole_model", False)):
-            seconds = {
-                name: timed(lambda s=s, lo=layers_only: train_step(model, ids, mask, s, args.prompt_length, lo),
-                            args.repeats)
-                for name, s in (("dense", dense), ("skip", skip))
-            }
+            timing = run({name: lambda s=s, lo=layers_only: train_step(model, ids, mask, s, args.prompt_length, lo)
+                          for name, s in (("dense", dense), ("skip", skip))},
+                         args.rounds, args.warmup, label=f"train {scope} ")
+            report = timing.report({"skip_speedup": ("dense", "skip")})
+            speedup = report["comparisons"]["skip_speedup"]
             train[scope] = {
-                "dense_tokens_per_s": ids.numel() / seconds["dense"],
-                "skip_tokens_per_s": ids.numel() / seconds["skip"],
-                "measured_speedup": seconds["dense"] / seconds["skip"],
+                "dense_tokens_per_s": ids.numel() / median_wall(timing.passes["dense"]),
+                "skip_tokens_per_s": ids.numel() / median_wall(timing.passes["skip"]),
+                "measured_speedup": speedup["wall"]["median"], "claim": speedup["claim_wall"],
+                "fraction_of_ideal": speedup["wall"]["median"] / ideal_train,
+                "timing": report,
             }
-            train[scope]["fraction_of_ideal"] = train[scope]["measured_speedup"] / ideal_train
-            print(scope, json.dumps(train[scope]), flush=True)
+            print(scope, json.dumps({k: v for k, v in train[scope].items() if k != "timing"}), flush=True)
         results["train_forward_backward"] = train
 
     if "decode" in parts:
@@ -131,25 +125,37 @@ def main() -> None:
         ideal_decode = skip.sequence_ideal_speedup(args.new_tokens)
 
         def decode(schedule, new_tokens):
-            return generate_under_schedule(model, prompts, prompt_mask, schedule, max_new_tokens=new_tokens)
+            tokens = generate_under_schedule(model, prompts, prompt_mask, schedule, max_new_tokens=new_tokens).tokens
+            return list(tokens.shape)  # the work: every row decodes new_tokens tokens
 
         decode_results = {
             "batch": args.decode_batch, "prompt_length": args.decode_prompt, "new_tokens": args.new_tokens,
             "mean_layers_per_token": skip.mean_layers_per_token(args.new_tokens), "ideal_speedup": ideal_decode,
         }
-        # end to end includes the (dense-depth) prefill; the decode phase is that minus a 1-token generation
-        for name, s in (("dense", dense), ("skip", skip)):
-            full = timed(lambda s=s: decode(s, args.new_tokens), args.repeats)
-            prefill = timed(lambda s=s: decode(s, 1), args.repeats)
-            decode_results[f"{name}_end_to_end_tokens_per_s"] = args.decode_batch * args.new_tokens / full
-            decode_results[f"{name}_decode_phase_tokens_per_s"] = args.decode_batch * (args.new_tokens - 1) / (
-                full - prefill)
-        for phase in ("end_to_end", "decode_phase"):
-            speedup = decode_results[f"skip_{phase}_tokens_per_s"] / decode_results[f"dense_{phase}_tokens_per_s"]
-            decode_results[f"{phase}_speedup"] = speedup
-            decode_results[f"{phase}_fraction_of_ideal"] = speedup / ideal_decode
-        results["decode"] = decode_results
+        # end to end includes the (dense-depth) prefill; the decode phase is that minus a 1-token decode
+        timing = run({f"{name}{part}": lambda s=s, n=n: decode(s, n)
+                      for name, s in (("dense", dense), ("skip", skip))
+                      for part, n in (("", args.new_tokens), ("_prefill", 1))},
+                     args.rounds, args.warmup, label="decode ")
+        report = timing.report({"end_to_end": ("dense", "skip")})
+        phases = {name: [whole.minus(prefill) for whole, prefill in
+                         zip(timing.passes[name], timing.passes[f"{name}_prefill"], strict=True)]
+                  for name in ("dense", "skip")}
+        report["comparisons"]["decode_phase"] = {"baseline": "dense - dense_prefill",
+                                                 "candidate": "skip - skip_prefill",
+                                                 **claims(compare(phases["dense"], phases["skip"]))}
+        for phase, passes, tokens in (("end_to_end", timing.passes, args.new_tokens),
+                                      ("decode_phase", phases, args.new_tokens - 1)):
+            speedup = report["comparisons"][phase]
+            for name in ("dense", "skip"):
+                decode_results[f"{name}_{phase}_tokens_per_s"] = args.decode_batch * tokens / median_wall(
+                    passes[name])
+            decode_results[f"{phase}_speedup"] = speedup["wall"]["median"]
+            decode_results[f"{phase}_claim"] = speedup["claim_wall"]
+            decode_results[f"{phase}_fraction_of_ideal"] = speedup["wall"]["median"] / ideal_decode
         print("decode", json.dumps(decode_results), flush=True)
+        decode_results["timing"] = report
+        results["decode"] = decode_results
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
 

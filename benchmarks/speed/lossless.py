@@ -2,31 +2,42 @@
 
     python -m benchmarks.speed.lossless exactness --checkpoint CKPT --draft-schedule S.yaml --batch 8 --draft-tokens 4 \
         --out benchmarks/results/e2e/lossless/NAME.json
-    python -m benchmarks.speed.lossless timing --checkpoint CKPT --draft-schedule S.yaml --batch 1 --mrs 8 \
-        --draft-tokens 2 4 6 --out ...
+    OMP_NUM_THREADS=1 taskset -c 0 python -m benchmarks.speed.lossless timing --checkpoint CKPT \
+        --draft-schedule S.yaml --batch 1 8 --mrs 16 --draft-tokens 2 4 6 --out ...
+    python -m benchmarks.speed.lossless timing --draft-schedule benchmarks/quality/schedules/flat2x.yaml --batch 1 2 \
+        --mrs 2 --new-tokens 4 --rounds 1 --out runs/lossless_smoke.json  # a smoke run of the base model
 
 ``exactness`` decodes the MRs of ``--data`` greedily at full depth (``generate`` with every layer) and with
 speculative decoding at the same batch size, and counts the outputs that differ; a difference is a near-tie when
 the full-depth top-2 logits at its first differing token are closer than 1e-4. It also reports the acceptance, the
-tokens per verification and the draft's measured cost ``c`` (a draft step's wall time over a full-depth step's).
+tokens per verification and the draft's measured cost ``c`` (a draft step's wall time over a full-depth step's). It
+makes no speed claim: the full-depth decode there also collects logits.
 
-``timing`` interleaves passes (full depth, then each K, then full depth again, ...) over the first ``--mrs`` MRs
-with end-of-sequence stopping (the outputs are equal, so the work is equal) and keeps each variant's fastest pass.
-Run it pinned: ``OMP_NUM_THREADS=1 taskset -c 0``. Every number records the wall and CPU (user + sys) seconds.
+``timing`` runs the arms full depth, speculative with each ``--draft-tokens`` K, and the plain skip schedule
+(``--draft-schedule`` without verification, what the lossy mode costs) over the first ``--mrs`` MRs in the timing
+protocol's rotated rounds (:mod:`benchmarks.common.timing`: median pair ratio over full depth, with its spread, in
+wall and CPU time, every pass kept). Every arm does the same work: full depth and speculative decoding stop at
+end of sequence (their outputs are equal, so are their lengths), and the plain schedule decodes each batch for as
+many steps as full depth took there, without stopping (its outputs differ, its step count does not). The work
+fingerprint is each batch's step count; speculative outputs that differ from full depth's are counted. No arm
+collects anything the others do not. ``--batch`` takes several sizes: one row each.
+
+``--draft-vocab FILE`` (a JSON list of token ids: the draft's pruned LM head) and ``--draft-confidence X`` (adaptive
+draft length) are passed to :func:`~skiptrain.frontends.speculative.generate_lossless` only when given.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common.machine import describe
 from benchmarks.common.study import load_model, study_config, test_prompts
+from benchmarks.common.timing import median_wall, run
 from skiptrain import Dense, generate_under_schedule
 from skiptrain.frontends.prompts import prompt_batches
 from skiptrain.frontends.speculative import generate_lossless
@@ -38,53 +49,135 @@ TEST_FILE = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
 NEAR_TIE = 1e-4
 
 
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+class Decoding:
+    """One model's decoding of a list of prompt batches: full depth, speculative, or under a plain schedule."""
 
+    def __init__(self, model, batches, new_tokens, eos, pad, levers: dict) -> None:
+        self.model, self.batches, self.new_tokens, self.eos, self.pad = model, batches, new_tokens, eos, pad
+        self.levers = levers  # extra generate_lossless arguments (draft_vocab, draft_confidence)
 
-def decode(model, batches, schedule, new_tokens, eos, pad, draft_tokens=None, logits=False):
-    """Outputs (token lists), wall and CPU seconds, and for speculative decoding its counts and step seconds."""
-    outputs, stats, steps = [], SpeculationStats(), {"prefill": 0.0, "draft": 0.0, "verify": 0.0}
-    gaps = []
-    wall, cpu = time.perf_counter(), cpu_seconds()
-    for batch in batches:
-        ids, mask = batch["prompt_input_ids"], batch["prompt_attention_mask"]
-        if draft_tokens is None:
-            out = generate_under_schedule(model, ids, mask, schedule, new_tokens, eos_token_id=eos, pad_token_id=pad,
-                                          return_logits=logits)
+    def plain(self, schedule, logits=False, columns=None) -> dict:
+        """Outputs (token lists) and each batch's step count under ``schedule``; ``columns`` (one per batch):
+        decode that many steps without stopping at end of sequence; ``logits``: also the top-2 logit gaps."""
+        outputs, steps, gaps = [], [], []
+        for index, batch in enumerate(self.batches):
+            out = generate_under_schedule(
+                self.model, batch["prompt_input_ids"], batch["prompt_attention_mask"], schedule,
+                self.new_tokens if columns is None else columns[index],
+                eos_token_id=self.eos if columns is None else None, pad_token_id=self.pad, return_logits=logits)
             if logits:
                 top2 = out.logits.topk(2, dim=-1).values
                 gaps += list(top2[..., 0] - top2[..., 1])  # [G] per row
-        else:
-            out = generate_lossless(model, ids, mask, schedule, new_tokens, draft_tokens, eos_token_id=eos,
-                                    pad_token_id=pad)
+            outputs += [row[:n] for row, n in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True)]
+            steps.append(int(out.lengths.max()))
+        return {"outputs": outputs, "steps": steps, "gaps": gaps}
+
+    def speculative(self, draft, draft_tokens: int, levers: bool = True) -> dict:
+        """As :meth:`plain` for speculative decoding, with its counts and seconds per kind of step."""
+        outputs, steps, stats = [], [], SpeculationStats()
+        seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0}
+        for batch in self.batches:
+            out = generate_lossless(self.model, batch["prompt_input_ids"], batch["prompt_attention_mask"], draft,
+                                    self.new_tokens, draft_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
+                                    **(self.levers if levers else {}))
             stats = stats.add(out.stats)
-            for name in steps:
-                steps[name] += getattr(out.seconds, name)
-        outputs += [row[:n] for row, n in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True)]
-    return {"outputs": outputs, "wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds() - cpu,
-            "stats": stats, "steps": steps, "gaps": gaps}
+            for name in seconds:
+                seconds[name] += getattr(out.seconds, name)
+            outputs += [row[:n] for row, n in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True)]
+            steps.append(int(out.lengths.max()))
+        return {"outputs": outputs, "steps": steps, "stats": stats, "seconds": seconds}
+
+    def dense_step_seconds(self, dense) -> float:
+        """One full-depth step's wall time: speculative decoding with no drafts, every verification one column."""
+        probe = Decoding(self.model, self.batches[:1], 16, None, self.pad, {}).speculative(dense, 0, levers=False)
+        return probe["seconds"]["verify"] / probe["stats"].verifications
 
 
-def speculation_summary(run: dict, draft_tokens: int, dense_step_s: float) -> dict:
-    stats = run["stats"]
-    c = run["steps"]["draft"] / stats.draft_steps / dense_step_s if stats.draft_steps else 0.0
+def speculation_summary(runs: list[dict], draft_tokens: int, dense_step_s: float) -> dict:
+    """Acceptance, tokens per verification, the draft's and verification's cost per full-depth step, and the bound
+    S, over the speculative ``runs`` together."""
+    stats, seconds = SpeculationStats(), {"draft": 0.0, "verify": 0.0}
+    for one in runs:
+        stats = stats.add(one["stats"])
+        seconds = {name: spent + one["seconds"][name] for name, spent in seconds.items()}
+    c = seconds["draft"] / stats.draft_steps / dense_step_s if stats.draft_steps else 0.0
     return {
         "draft_tokens": draft_tokens,
         "acceptance": stats.acceptance_rate,
         "accepted": stats.accepted, "judged": stats.judged,
         "tokens_per_verification": stats.tokens_per_verification,
         "draft_cost_c": c,
-        "verify_cost": run["steps"]["verify"] / stats.verifications / dense_step_s,
+        "verify_cost": seconds["verify"] / stats.verifications / dense_step_s,
         "bound": speedup_bound(stats.acceptance_rate, draft_tokens, c),
     }
 
 
-def dense_step_seconds(model, batches, new_tokens, pad) -> float:
-    """One full-depth step's wall time: speculative decoding with no drafts, every verification one column."""
-    run = decode(model, batches[:1], Dense().build(model.config.num_hidden_layers), new_tokens, None, pad, 0)
-    return run["steps"]["verify"] / run["stats"].verifications
+def differing(outputs: list[list[int]], reference: list[list[int]]) -> list[tuple[int, int]]:
+    """``(row, first differing index)`` of each output that differs from its reference."""
+    rows = []
+    for row, (mine, theirs) in enumerate(zip(outputs, reference, strict=True)):
+        if mine != theirs:
+            rows.append((row, next((g for g, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+                                   min(len(mine), len(theirs)))))
+    return rows
+
+
+def exactness(decoding: Decoding, draft, dense, draft_tokens: list[int]) -> dict:
+    """Differing outputs (and near-ties among them), acceptance and costs per K; no speed claim."""
+    reference = decoding.plain(dense, logits=True)
+    step = decoding.dense_step_seconds(dense)
+    rows = []
+    for k in draft_tokens:
+        drafted = decoding.speculative(draft, k)
+        differ = differing(drafted["outputs"], reference["outputs"])
+        near_ties = sum(first < len(reference["gaps"][row]) and bool(reference["gaps"][row][first] < NEAR_TIE)
+                        for row, first in differ)
+        rows.append({**speculation_summary([drafted], k, step), "differing_outputs": len(differ),
+                     "differing_at_near_ties": near_ties})
+    return {"tokens": sum(map(len, reference["outputs"])), "speculative": rows}
+
+
+def timing(decoding: Decoding, draft, dense, draft_tokens: list[int], rounds: int, warmup: int, label: str) -> dict:
+    """The arms full depth, speculative per K and the plain skip schedule in the protocol's rounds (see above)."""
+    reference = decoding.plain(dense)
+    kept: dict[str, list[dict]] = {}
+
+    def arm(name: str, decode):
+        def one_pass() -> list[int]:
+            done = decode()
+            kept.setdefault(name, []).append(done)
+            return done["steps"]  # the work: each batch's step count
+        return one_pass
+
+    arms = {"full_depth": arm("full_depth", lambda: decoding.plain(dense))}
+    arms |= {f"speculative_k{k}": arm(f"speculative_k{k}", lambda k=k: decoding.speculative(draft, k))
+             for k in draft_tokens}
+    arms["skip_schedule"] = arm("skip_schedule", lambda: decoding.plain(draft, columns=reference["steps"]))
+    timed = run(arms, rounds, warmup, label=label)
+    kept = {name: passes[-rounds:] for name, passes in kept.items()}  # the timed passes only
+    report = timed.report({name: ("full_depth", name) for name in arms if name != "full_depth"})
+    step = decoding.dense_step_seconds(dense)
+    tokens = sum(map(len, reference["outputs"]))
+
+    def speed(name: str) -> dict:
+        comparison = report["comparisons"][name]
+        if "refused" in comparison:
+            return {"speedup": None, "claim_wall": "refused", "claim_cpu": "refused"}
+        cpu = comparison["cpu"]
+        return {"tokens_per_s": tokens / median_wall(timed.passes[name]), "speedup": comparison["wall"]["median"],
+                "speedup_cpu": cpu["median"] if cpu else None,
+                "claim_wall": comparison["claim_wall"], "claim_cpu": comparison["claim_cpu"]}
+
+    speculative = []
+    for k in draft_tokens:
+        name = f"speculative_k{k}"
+        row = {**speculation_summary(kept[name], k, step), **speed(name),
+               "differing_outputs": max(len(differing(p["outputs"], reference["outputs"])) for p in kept[name])}
+        row["speedup_over_bound"] = row["speedup"] / row["bound"] if row["speedup"] else None
+        speculative.append(row)
+    return {"tokens": tokens, "steps_per_batch": reference["steps"],
+            "full_depth_tokens_per_s": tokens / median_wall(timed.passes["full_depth"]),
+            "speculative": speculative, "skip_schedule": speed("skip_schedule"), "timing": report}
 
 
 def main() -> None:
@@ -94,11 +187,14 @@ def main() -> None:
     parser.add_argument("--config", default=TRAIN_BASE, help="the study's training config (model, prompt format)")
     parser.add_argument("--draft-schedule", type=Path, required=True, help="a config fragment with model.schedule")
     parser.add_argument("--data", default=TEST_FILE)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=int, nargs="+", default=[8], help="batch sizes: one row each")
     parser.add_argument("--mrs", type=int, default=None, help="first N MRs only")
     parser.add_argument("--draft-tokens", type=int, nargs="+", default=[4])
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="timing: timed interleaved rounds (pairs)")
+    parser.add_argument("--warmup", type=int, default=1, help="timing: untimed rounds first")
+    parser.add_argument("--draft-vocab", type=Path, default=None, help="JSON list of the draft head's token ids")
+    parser.add_argument("--draft-confidence", type=float, default=None, help="stop a row's draft below this")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -107,68 +203,36 @@ def main() -> None:
     cli = study_config([args.config, str(args.draft_schedule)], args.data)
     model = load_model(cli, args.checkpoint)
     tokenizer = cli.datamodule.tokenizer
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     num_layers = model.config.num_hidden_layers
     draft = cli.model.schedule_family.build(num_layers)
     dense = Dense().build(num_layers)
     prompts = test_prompts(cli)[1][: args.mrs]
-    batches = list(prompt_batches(tokenizer, prompts, args.batch))
-    decode(model, batches[:1], dense, 2, eos, pad)  # warm-up
+    levers, recorded = {}, {}
+    if args.draft_vocab is not None:
+        ids = json.loads(args.draft_vocab.read_text())
+        levers["draft_vocab"] = torch.tensor(ids)
+        recorded["draft_vocab"] = {"file": str(args.draft_vocab), "size": len(ids)}
+    if args.draft_confidence is not None:
+        levers["draft_confidence"] = recorded["draft_confidence"] = args.draft_confidence
     result = {
         "command": "python -m benchmarks.speed.lossless " + " ".join(sys.argv[1:]),
-        "machine": "2-core Intel Xeon (AVX512-BF16), shared with other jobs; torch " + torch.__version__,
+        "machine": describe(),
         "precision": "fp32", "threads": args.threads, "checkpoint": args.checkpoint or "base (no fine-tuning)",
         "draft_schedule": {"file": str(args.draft_schedule), "family": draft.family, "params": draft.params,
                            "mean_layers_per_token": draft.mean_layers_per_token()},
-        "data": args.data, "batch": args.batch, "mrs": sum(len(b["prompt_input_ids"]) for b in batches),
-        "new_tokens": args.new_tokens,
+        "levers": recorded, "data": args.data, "mrs": len(prompts), "new_tokens": args.new_tokens, "batches": {},
     }
-    if args.mode == "exactness":
-        reference = decode(model, batches, dense, args.new_tokens, eos, pad, logits=True)
-        step = dense_step_seconds(model, batches, 16, pad)
-        result["dense"] = {"wall_s": reference["wall_s"], "cpu_s": reference["cpu_s"],
-                           "tokens": sum(map(len, reference["outputs"]))}
-        result["speculative"] = []
-        for k in args.draft_tokens:
-            run = decode(model, batches, draft, args.new_tokens, eos, pad, k)
-            differing = near_ties = 0
-            for row, (mine, theirs) in enumerate(zip(run["outputs"], reference["outputs"], strict=True)):
-                if mine == theirs:
-                    continue
-                differing += 1
-                first = next((g for g, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
-                             min(len(mine), len(theirs)))
-                near_ties += bool(first < len(reference["gaps"][row]) and reference["gaps"][row][first] < NEAR_TIE)
-            result["speculative"].append({
-                **speculation_summary(run, k, step), "differing_outputs": differing,
-                "differing_at_near_ties": near_ties, "wall_s": run["wall_s"], "cpu_s": run["cpu_s"],
-                "speedup_wall": reference["wall_s"] / run["wall_s"],
-            })
-    else:
-        variants = [None, *args.draft_tokens]
-        runs: dict[str, list[dict]] = {str(k or "dense"): [] for k in variants}
-        for _ in range(args.passes):
-            for k in variants:
-                runs[str(k or "dense")].append(decode(model, batches, dense if k is None else draft, args.new_tokens,
-                                                      eos, pad, k))
-        fastest = {name: min(passes, key=lambda r: r["wall_s"]) for name, passes in runs.items()}
-        step = dense_step_seconds(model, batches, 16, pad)
-        dense_run = fastest["dense"]
-        assert all(r["outputs"] == dense_run["outputs"] for r in fastest.values()), "speculative output differs"
-        result["dense"] = {"wall_s": dense_run["wall_s"], "cpu_s": dense_run["cpu_s"],
-                           "tokens": sum(map(len, dense_run["outputs"])),
-                           "passes_wall_s": [r["wall_s"] for r in runs["dense"]]}
-        result["speculative"] = [{
-            **speculation_summary(fastest[str(k)], k, step), "wall_s": fastest[str(k)]["wall_s"],
-            "cpu_s": fastest[str(k)]["cpu_s"], "passes_wall_s": [r["wall_s"] for r in runs[str(k)]],
-            "speedup": dense_run["wall_s"] / fastest[str(k)]["wall_s"],
-            "speedup_cpu": dense_run["cpu_s"] / fastest[str(k)]["cpu_s"],
-        } for k in args.draft_tokens]
-        for row in result["speculative"]:
-            row["speedup_over_bound"] = row["speedup"] / row["bound"]
+    for batch in args.batch:
+        batches = list(prompt_batches(tokenizer, prompts, batch))
+        decoding = Decoding(model, batches, args.new_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id, levers)
+        if args.mode == "exactness":
+            row = exactness(decoding, draft, dense, args.draft_tokens)
+        else:
+            row = timing(decoding, draft, dense, args.draft_tokens, args.rounds, args.warmup, f"batch {batch} ")
+        result["batches"][str(batch)] = row
+        print(f"batch {batch}", json.dumps({k: v for k, v in row.items() if k != "timing"}, indent=1), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

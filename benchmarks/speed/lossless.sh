@@ -11,7 +11,8 @@ mkdir -p "$out"
 # exactness on the 100 test MRs (batch 8, then 32), then the 50 dev MRs at batch 1
 run exactness --draft-schedule benchmarks/quality/schedules/flat2x.yaml --batch 8 --new-tokens 32 --draft-tokens 4 \
   --out "$out/$name.flat2x.exactness.b8.json"
-# speed: fastest of 3 interleaved passes with full depth, end-of-sequence stopping (equal output, equal work)
+# speed: the timing protocol (benchmarks/common/timing.py): 5 rotated rounds of full depth, each K and the plain
+# schedule after a warm-up round; the median pair ratio with its spread; equal work in every arm
 run timing --draft-schedule benchmarks/quality/schedules/flat2x.yaml --batch 1 --mrs 2 --new-tokens 32 --draft-tokens 2 4 \
   --out "$out/$name.flat2x.timing.b1.json"
 run timing --draft-schedule benchmarks/quality/schedules/flat2x.yaml --batch 8 --mrs 16 --new-tokens 32 --draft-tokens 2 4 \

@@ -2,7 +2,8 @@
 
 CPU time (``time.process_time``: this process's user + system time) is what a shared machine inflates least, so a
 short run's per-step and per-validation CPU seconds project a full run's time on an idle machine of the same kind.
-``benchmarks/speed/quickstart.py --phases`` adds it to the run it times.
+``benchmarks/speed/quickstart.py --phases`` adds it to the run it times. It clocks one run's phases and computes no
+speed ratio, so it does not use the A/B timing protocol (:mod:`benchmarks.common.timing`).
 """
 
 from __future__ import annotations

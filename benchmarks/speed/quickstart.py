@@ -22,6 +22,10 @@ replaced) and records its wall and CPU time and its ``summary.json`` (the settin
 ``--emulate_avx2`` makes torch, oneDNN and MKL dispatch AVX2 kernels only (``ATEN_CPU_CAPABILITY=avx2``,
 ``ONEDNN_MAX_CPU_ISA=AVX2``, ``MKL_ENABLE_INSTRUCTIONS=AVX2``): a CPU without native bf16, where ``auto`` resolves
 to ``32-true`` and an explicit bf16 is emulated. Arguments after ``--`` go to the fit command.
+
+This times one whole job once, and compares no two arms, so it does not use the A/B timing protocol
+(:mod:`benchmarks.common.timing`); the speedup it records is the one ``generate --compare_dense`` printed, not a
+claim of its own.
 """
 
 from __future__ import annotations

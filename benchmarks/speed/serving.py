@@ -2,21 +2,29 @@
 
 The same E2E test prompts (the export's recorded prompt format), ``--new-tokens`` greedy tokens each (no
 end-of-sequence stop), submitted ``c`` at a time for each concurrency ``c``: tokens/s over the whole ``generate``
-call (prefill included). Each engine runs in a process of its own, one after the other (vLLM needs its own venv:
-docs/serving.md), and a last step joins the parts with the parameter-read limit of the schedule
-(:func:`skiptrain.core.speedup.parameter_read_speedup`):
+call (prefill included). Each engine runs in a process of its own, both at once, taking turns through the folder
+``TURNS`` (vLLM needs its own venv: docs/serving.md), and a last step joins the parts with the parameter-read limit
+of the schedule (:func:`skiptrain.core.speedup.parameter_read_speedup`):
 
-    python -m benchmarks.speed.serving vllm --export EXPORT --mode skip --out skip.json        # the vLLM venv
-    python -m benchmarks.speed.serving vllm --export EXPORT --mode dense --out dense.json      # the vLLM venv
+    python -m benchmarks.speed.serving vllm --export EXPORT --mode skip --turns TURNS --out skip.json &  # vLLM venv
+    python -m benchmarks.speed.serving vllm --export EXPORT --mode dense --turns TURNS --out dense.json  # vLLM venv
     python -m benchmarks.speed.serving skiptrain --export EXPORT --out own.json                # the tested venv
     python -m benchmarks.speed.serving join --export EXPORT --parts skip.json dense.json own.json \\
         --out benchmarks/results/vllm/smollm2_e2e_flat2x.json                                # the tested venv
 
-Each concurrency is timed ``--passes`` times after one warm-up call; the fastest pass counts. On a shared machine
-run the two vLLM steps at once with ``--turns DIR`` (the same folder for both, ``skip`` started first): both engines
-stay up, but only one works at a time, and they take turns pass by pass (engine start, then each concurrency of
-each pass), so drift in the machine's speed hits both alike. Engines run in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``): on a busy core a step can outlast vLLM's RPC timeout.
+Timing: :mod:`benchmarks.common.timing`. Each concurrency is timed in ``--rounds`` rounds after ``--warmup`` untimed
+ones (and the engine start); the speedup is the median of the per-round ratios dense s / plugin s with its spread,
+in wall and CPU time (the engine runs in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; otherwise its CPU time
+is not measured), and every pass's numbers are kept. The two vLLM steps run at once with ``--turns DIR`` (a fresh
+folder, the same for both; the ``skip`` step started first): both engines stay up, but only one works at a time,
+and they take turns in the protocol's order: engine starts skip then dense, then each round's concurrencies in the
+round's order, which alternates from round to round (dense first, then skip first, ...), so no engine always goes
+first and drift in the machine's speed hits both alike. Without ``--turns`` the join still pairs the steps' passes
+round by round, but they were not interleaved (the result says ``"interleaved": false``). Engines run in-process:
+on a busy core a step can outlast vLLM's RPC timeout. The skiptrain step interleaves its own dense and skip passes.
+
+    python -m benchmarks.speed.serving skiptrain --export EXPORT --concurrency 1 --new-tokens 4 --rounds 1 \\
+        --out runs/serving_own.json  # a smoke run of the skiptrain step
 """
 
 from __future__ import annotations
@@ -26,9 +34,13 @@ import csv
 import json
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.common.machine import cpu_model
+from benchmarks.common.machine import describe
+from benchmarks.common.timing import Done, Pass, claims, compare, measure, median_wall, order, run
+
+ENGINES = ("skip", "dense")
 
 PROMPTS_CSV = "../shared/data/e2e/subsets/testset_w_refs_100mr.csv"
 
@@ -49,27 +61,32 @@ def prompt_ids(export: Path, count: int) -> list[list[int]]:
     return PromptFormat.from_dict(recorded).encode(AutoTokenizer.from_pretrained(str(export)), sources(count))[1]
 
 
-def machine() -> dict:
-    """The CPU, and the cores and threads this process may use."""
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0)),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
-
-
 class Turns:
-    """Two processes taking turns through a file in ``folder`` (``None``: no partner, every turn is ours)."""
+    """Two processes taking turns through a file in ``folder``: turn ``t`` of the shared ``schedule`` (a list of
+    names) belongs to ``schedule[t]``, and the file holds the number of the turn now due. ``None``: no partner,
+    every turn is ours."""
 
-    def __init__(self, folder: Path | None, mine: str, other: str) -> None:
-        self.file, self.mine, self.other = (folder / "turn" if folder else None), mine, other
-        if self.file is not None and mine == "skip":
-            self.file.write_text(mine)
+    def __init__(self, folder: Path | None, mine: str, schedule: list[str]) -> None:
+        self.file = folder / "turn" if folder else None
+        self.mine = iter(t for t, name in enumerate(schedule) if name == mine)
+        self.turn = -1
+        if self.file is not None and schedule[0] == mine:
+            self.file.write_text("0")
 
     def __enter__(self) -> None:
-        while self.file is not None and (not self.file.is_file() or self.file.read_text() != self.mine):
+        self.turn = next(self.mine)
+        while self.file is not None and (not self.file.is_file() or self.file.read_text() != str(self.turn)):
             time.sleep(0.2)
 
     def __exit__(self, *exc: object) -> None:
         if self.file is not None:
-            self.file.write_text(self.other)
+            self.file.write_text(str(self.turn + 1))
+
+
+def turn_schedule(rounds: int, concurrencies: list[int]) -> list[str]:
+    """Who works in each turn: engine starts (round 0's order), then each later round's concurrencies in its order."""
+    return [*order(ENGINES, 0), *(name for index in range(1, rounds + 1) for _ in concurrencies
+                                 for name in order(ENGINES, index))]
 
 
 def run_vllm(args: argparse.Namespace) -> dict:
@@ -81,32 +98,42 @@ def run_vllm(args: argparse.Namespace) -> dict:
 
     from skiptrain.serving.vllm_plugin import hf_overrides
 
-    turn = Turns(args.turns, args.mode, "dense" if args.mode == "skip" else "skip")
+    rounds = args.warmup + args.rounds
+    turn = Turns(args.turns, args.mode, turn_schedule(rounds, args.concurrency))
+    in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids(args.export, max(args.concurrency))]
-    greedy = {"temperature": 0.0, "ignore_eos": True}
+    sampling = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
     with turn:
         started = time.perf_counter()
         llm = LLM(model=str(args.export), dtype=args.dtype, enforce_eager=True, enable_prefix_caching=False,
                   max_model_len=512, kv_cache_memory_bytes=256 << 20, seed=0,
                   **({"hf_overrides": hf_overrides(args.export)} if args.mode == "skip" else {}))
         startup = time.perf_counter() - started
-        llm.generate(prompts[:8], SamplingParams(max_tokens=16, **greedy), use_tqdm=False)  # warm-up
-    seconds: dict[int, list[float]] = {c: [] for c in args.concurrency}
+    load_before = list(os.getloadavg())
+    passes: dict[int, list[Pass]] = {c: [] for c in args.concurrency}
     outputs = {}
-    for _ in range(args.passes):
+
+    def generate(concurrency: int) -> object:
+        """One pass; its work, each request's token count (``--new-tokens`` in both engines)."""
+        done = llm.generate(prompts[:concurrency], sampling, use_tqdm=False)
+        outputs[str(concurrency)] = [list(out.outputs[0].token_ids) for out in done]
+        work = [len(tokens) for tokens in outputs[str(concurrency)]]
+        return work if in_process else Done(work, cpu_s=None)  # an engine process's CPU time is not ours
+
+    for index in range(rounds):
         for concurrency in args.concurrency:
             with turn:
-                start = time.perf_counter()
-                done = llm.generate(prompts[:concurrency], SamplingParams(max_tokens=args.new_tokens, **greedy),
-                                    use_tqdm=False)
-                seconds[concurrency].append(time.perf_counter() - start)
-            assert all(len(out.outputs[0].token_ids) == args.new_tokens for out in done)
-            outputs[str(concurrency)] = [list(out.outputs[0].token_ids) for out in done]
-            print(f"vllm {args.mode} c={concurrency}: {seconds[concurrency][-1]:.2f} s", flush=True)
-    rows = {str(c): {"tokens_per_s": c * args.new_tokens / min(times), "seconds": times}
-            for c, times in seconds.items()}
+                done = measure(lambda c=concurrency: generate(c))
+            if index >= args.warmup:
+                passes[concurrency].append(done)
+                print(f"vllm {args.mode} c={concurrency} round {index - args.warmup + 1}/{args.rounds}: "
+                      f"{done.wall_s:.2f} s wall, {done.cpu_s} s CPU", flush=True)
+    rows = {str(c): {"tokens_per_s": c * args.new_tokens / median_wall(timed), "passes": [asdict(p) for p in timed]}
+            for c, timed in passes.items()}
     return {"frontend": f"vllm_{args.mode}", "vllm": vllm.__version__, "torch": torch.__version__,
-            "engine_start_seconds": startup, "concurrency": rows, "token_ids": outputs}
+            "engine_start_seconds": startup, "turns": turn_schedule(rounds, args.concurrency) if args.turns else None,
+            "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
+            "concurrency": rows, "token_ids": outputs}
 
 
 def run_skiptrain(args: argparse.Namespace) -> dict:
@@ -125,23 +152,22 @@ def run_skiptrain(args: argparse.Namespace) -> dict:
         return generate_under_schedule(model, batch["prompt_input_ids"], batch["prompt_attention_mask"], chosen,
                                        max_new_tokens=new_tokens, pad_token_id=tokenizer.pad_token_id).tokens
 
-    decode(collate_prompts(ids[:8], tokenizer.pad_token_id), schedule, 16)  # warm-up
     rows, outputs = {}, {}
     for concurrency in args.concurrency:
         batch = collate_prompts(ids[:concurrency], tokenizer.pad_token_id)
-        row = {}
-        for name, chosen in (("skip", schedule), ("dense", dense)):
-            seconds = []
-            for _ in range(args.passes):
-                start = time.perf_counter()
-                tokens = decode(batch, chosen, args.new_tokens)
-                seconds.append(time.perf_counter() - start)
-                print(f"skiptrain {name} c={concurrency}: {seconds[-1]:.2f} s", flush=True)
-            row[f"{name}_tokens_per_s"] = concurrency * args.new_tokens / min(seconds)
-            row[f"{name}_seconds"] = seconds
+
+        def one_pass(name: str, chosen, batch=batch, concurrency=concurrency) -> list[int]:
+            tokens = decode(batch, chosen, args.new_tokens)
             if name == "skip":
                 outputs[str(concurrency)] = tokens.tolist()
-        rows[str(concurrency)] = row
+            return list(tokens.shape)  # the work: every row decodes --new-tokens tokens
+
+        timing = run({name: lambda name=name, chosen=chosen: one_pass(name, chosen)
+                      for name, chosen in (("skip", schedule), ("dense", dense))},
+                     args.rounds, args.warmup, label=f"skiptrain c={concurrency} ")
+        report = timing.report({"skip_speedup": ("dense", "skip")})
+        rows[str(concurrency)] = {f"{name}_tokens_per_s": concurrency * args.new_tokens / median_wall(passes)
+                                  for name, passes in timing.passes.items()} | {"timing": report}
     return {"frontend": "skiptrain", "torch": torch.__version__, "concurrency": rows, "token_ids": outputs}
 
 
@@ -161,7 +187,11 @@ def join(args: argparse.Namespace) -> dict:
                    "layers_per_generated_token": schedule.mean_layers_per_token(args.new_tokens),
                    "num_layers": schedule.num_layers},
         "dtype": args.dtype, "new_tokens": args.new_tokens, "prompts": f"E2E test sources ({PROMPTS_CSV})",
-        "timing": "fastest of the passes, after one warm-up call; tokens/s over the whole generate call",
+        "timing": "median of interleaved rounds after a warm-up (benchmarks/common/timing.py); tokens/s over the "
+                  "whole generate call at the median pass",
+        "interleaved": skip["turns"] is not None and dense["turns"] is not None, "turns": skip["turns"],
+        "load_average": {name: [part["load_average_before"], part["load_average_after"]]
+                         for name, part in (("skip", skip), ("dense", dense))},
         "vllm": skip["vllm"], "torch": skip["torch"],
         "engine_start_seconds": {"skip": skip["engine_start_seconds"], "dense": dense["engine_start_seconds"]},
         "concurrency": {},
@@ -169,23 +199,28 @@ def join(args: argparse.Namespace) -> dict:
     for concurrency, row in skip["concurrency"].items():
         c = int(concurrency)
         limit = parameter_read_speedup(schedule, [args.new_tokens] * c, *parameter_counts(model))
+        speedup = claims(compare([Pass(**p) for p in dense["concurrency"][concurrency]["passes"]],
+                                 [Pass(**p) for p in row["passes"]]))
         entry = {
             "vllm_skip_tokens_per_s": row["tokens_per_s"],
             "vllm_dense_tokens_per_s": dense["concurrency"][concurrency]["tokens_per_s"],
             "parameter_read_limit": limit,
+            "vllm_skip_speedup": speedup["wall"]["median"] if "wall" in speedup else None,
+            "vllm_skip_speedup_claim": speedup["claim_wall"],
         }
-        entry["vllm_skip_speedup"] = entry["vllm_skip_tokens_per_s"] / entry["vllm_dense_tokens_per_s"]
-        entry["vllm_skip_fraction_of_limit"] = entry["vllm_skip_speedup"] / limit
+        entry["vllm_skip_fraction_of_limit"] = entry["vllm_skip_speedup"] / limit if "wall" in speedup else None
         if own is not None:
             mine = own["concurrency"][concurrency]
             agree = [a == b for x, y in zip(skip["token_ids"][concurrency], own["token_ids"][concurrency], strict=True)
                      for a, b in zip(x, y, strict=True)]
             entry |= {"skiptrain_skip_tokens_per_s": mine["skip_tokens_per_s"],
                       "skiptrain_dense_tokens_per_s": mine["dense_tokens_per_s"],
-                      "skiptrain_skip_speedup": mine["skip_tokens_per_s"] / mine["dense_tokens_per_s"],
+                      "skiptrain_skip_speedup": mine["timing"]["comparisons"]["skip_speedup"]["wall"]["median"],
+                      "skiptrain_skip_speedup_claim": mine["timing"]["comparisons"]["skip_speedup"]["claim_wall"],
                       "vllm_skip_vs_skiptrain_skip": entry["vllm_skip_tokens_per_s"] / mine["skip_tokens_per_s"],
                       "vllm_skip_token_agreement_with_skiptrain": sum(agree) / len(agree)}
-        entry["seconds"] = {"vllm_skip": row["seconds"], "vllm_dense": dense["concurrency"][concurrency]["seconds"]}
+        entry["vllm_skip_vs_dense"] = speedup | {"baseline": "vllm_dense", "candidate": "vllm_skip"}
+        entry["passes"] = {"vllm_skip": row["passes"], "vllm_dense": dense["concurrency"][concurrency]["passes"]}
         result["concurrency"][concurrency] = entry
     return result
 
@@ -198,22 +233,24 @@ def main() -> None:
     parser.add_argument("--mode", choices=["skip", "dense"], default="skip")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (pairs) per concurrency")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--parts", nargs="*", default=[])
     parser.add_argument("--turns", type=Path, default=None, help="take turns with the other vLLM step (see above)")
     args = parser.parse_args()
     options = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                if k not in ("step", "export", "parts", "out", "turns") and v not in ([], None)]
+    options += ["--turns TURNS"] if args.turns else []  # the interleaving belongs to the command
     command = " ".join(["python -m benchmarks.speed.serving", args.step, *options, "--export EXPORT"])
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     result = {"vllm": run_vllm, "skiptrain": run_skiptrain, "join": join}[args.step](args)
     if args.step != "join":
-        result |= {"command": command, "machine": machine()}
+        result |= {"command": command, "machine": describe()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     if args.step == "join":
-        print(json.dumps({c: {k: v for k, v in row.items() if k != "seconds"}
+        print(json.dumps({c: {k: v for k, v in row.items() if k not in ("passes", "vllm_skip_vs_dense")}
                           for c, row in result["concurrency"].items()}, indent=1))
 
 

@@ -33,6 +33,7 @@ from skiptrain.frontends.speculative import check_full_attention
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length, load_tokenizer
 from skiptrain.modeling.precision import compute_dtype
+from skiptrain.shipped.draft_head import DRAFT_VOCAB_FILE
 from skiptrain.training.precision import resolve_precision
 
 PROGRAM = "skiptrain generate"
@@ -73,6 +74,11 @@ def parser() -> ArgumentParser:
                    help="K >= 1: lossless, the full-depth output with K tokens drafted per verification")
     p.add_argument("--draft_schedule", type=str | None, default=None,
                    help="with --speculative, draft under this schedule file instead of the export's")
+    p.add_argument("--draft_vocab", type=str | None, default=None,
+                   help="with --speculative, draft over the token ids of this JSON file instead of the export's "
+                        "draft_vocab.json (if any)")
+    p.add_argument("--draft_confidence", type=float, default=0.0,
+                   help="with --speculative, a row stops drafting after a draft less probable than this (0: off)")
     p.add_argument("--raw_prompts", type=bool, default=False,
                    help="use each prompt as it is, not as a source of the recorded prompt format")
     p.add_argument("--trainer.accelerator", type=str, default="auto", help="auto, cpu, gpu or cuda")
@@ -177,7 +183,8 @@ def request_from(config: Any) -> GenerationRequest:
         max_new_tokens=generation.max_new_tokens if config.max_new_tokens is None else config.max_new_tokens,
         batch_size=config.batch_size, sampling=config.sampling or generation.sampling or SamplingConfig(),
         dense=config.dense, compare_dense=config.compare_dense, long_prompts=config.long_prompts,
-        speculative=config.speculative, draft_schedule=config.draft_schedule, raw_prompts=config.raw_prompts,
+        speculative=config.speculative, draft_schedule=config.draft_schedule, draft_vocab=config.draft_vocab,
+        draft_confidence=config.draft_confidence, raw_prompts=config.raw_prompts,
         prompts=config.prompts, prompt=config.prompt, stop=tuple(config.stop), output=config.output,
     )
 
@@ -223,7 +230,10 @@ def main(args: Sequence[str]) -> Any:
     check_full_attention(request.speculative, model_config)
     draft = request.draft_schedule and schedule_from_file(request.draft_schedule, model_config.num_hidden_layers,
                                                           "draft_schedule")
-    prompt_format = chosen_prompt_format(read_record(export).prompt_format, request.raw_prompts)
+    record = read_record(export)
+    request = request.with_draft_vocab(model_config.vocab_size,
+                                       None if record.draft_vocab is None else Path(export) / DRAFT_VOCAB_FILE)
+    prompt_format = chosen_prompt_format(record.prompt_format, request.raw_prompts)
     tokenizer = load_tokenizer(export)
     prompts, prompt_format = prepare_prompts(request, tokenizer, context_length(model_config), prompt_format)
     model, schedule, tokenizer = load_exported(export, config.model.attn_implementation, dtype)

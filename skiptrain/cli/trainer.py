@@ -99,6 +99,7 @@ class SkipTrainer(L.Trainer):
         overwrite: bool = False,
         push_to_hub: str | None = None,
         hub_private: bool | None = None,
+        draft_vocab_size: int | None = None,
     ) -> Path:
         """Export a checkpoint for inference: a Hugging Face model directory plus skip_schedule.json.
 
@@ -116,6 +117,8 @@ class SkipTrainer(L.Trainer):
             push_to_hub: Also upload the export to this Hub model repository (``user/model``), created when absent,
                 with huggingface_hub's own upload and credentials; refused offline before anything is written.
             hub_private: Visibility of a repository that ``push_to_hub`` creates (default: the Hub's).
+            draft_vocab_size: Record the N most frequent target tokens of the data's training split as the draft
+                vocabulary of ``generate --speculative`` (``draft_vocab.json``); needs the run's data.
 
         Returns:
             The export directory. A module whose model was built here has its LoRA adapters merged in place.
@@ -124,7 +127,8 @@ class SkipTrainer(L.Trainer):
             check_can_push(push_to_hub)
         model.trainer = self  # the weights load in the dtype its precision implies
         directory = export_checkpoint(model, output_dir, ckpt_path, datamodule, weights_only,
-                                      adapter_only=adapter_only, overwrite=overwrite)
+                                      adapter_only=adapter_only, overwrite=overwrite,
+                                      draft_vocab_size=draft_vocab_size)
         if push_to_hub is not None:
             commit = push_export(directory, push_to_hub, hub_private)
             rank_zero_info(f"skiptrain: uploaded {directory} to the Hub: {commit}")
@@ -146,6 +150,8 @@ class SkipTrainer(L.Trainer):
         long_prompts: LongPrompts = "refuse",
         speculative: int = 0,
         draft_schedule: str | None = None,
+        draft_vocab: str | None = None,
+        draft_confidence: float = 0.0,
         raw_prompts: bool = False,
         prompt: str | None = None,
         stop: list[str] | None = None,
@@ -161,16 +167,19 @@ class SkipTrainer(L.Trainer):
             max_new_tokens: default ``model.generation.max_new_tokens``.
             sampling: default ``model.generation.sampling``.
             prompts, output, batch_size, dense, compare_dense, long_prompts, speculative, draft_schedule,
-            raw_prompts, prompt, stop: the fields of :class:`~skiptrain.frontends.request.GenerationRequest`.
+            draft_vocab, draft_confidence, raw_prompts, prompt, stop: the fields of
+            :class:`~skiptrain.frontends.request.GenerationRequest`.
         """
         request = GenerationRequest(
             max_new_tokens=model.generation.max_new_tokens if max_new_tokens is None else max_new_tokens,
             batch_size=batch_size, sampling=sampling or model.generation.sampling, dense=dense,
             compare_dense=compare_dense, long_prompts=long_prompts, speculative=speculative,
-            draft_schedule=draft_schedule, raw_prompts=raw_prompts, prompts=prompts, prompt=prompt,
+            draft_schedule=draft_schedule, draft_vocab=draft_vocab, draft_confidence=draft_confidence,
+            raw_prompts=raw_prompts, prompts=prompts, prompt=prompt,
             stop=tuple(stop or ()), output=output)
         config = _model_config(model)
         check_full_attention(request.speculative, config)
+        request = request.with_draft_vocab(config.vocab_size)
         draft = request.draft_schedule and \
             schedule_from_file(request.draft_schedule, config.num_hidden_layers, "draft_schedule")  # before loading
         prompt_list, prompt_format = prepare_prompts(request, model.get_tokenizer(), context_length(config),

@@ -9,6 +9,8 @@ plain ``AutoModelForCausalLM.from_pretrained``, plus its :class:`~skiptrain.expo
 - ``training_config.yaml``: the resolved LightningCLI config of the run (or, when none is found, the model and
   data hyperparameters stored in the checkpoint);
 - ``README.md``: a model card (:mod:`skiptrain.export.card`);
+- ``draft_vocab.json`` (optional): the token ids lossless speculative decoding drafts from, most frequent first,
+  its size recorded as ``draft_vocab_size`` in ``skip_schedule.json``;
 - ``custom_generate/`` (merged weights only): a copy of :mod:`skiptrain.shipped`, whose ``generate.py`` makes plain
   transformers ``generate()`` decode under the schedule when the export is loaded with ``trust_remote_code=True``.
 
@@ -27,6 +29,7 @@ from typing import Any
 from skiptrain.core.schedules import ScheduleError, SkipSchedule
 from skiptrain.errors import InputError, UsageError
 from skiptrain.export.record import NOT_RECORDED, ExportRecord
+from skiptrain.shipped.draft_head import DRAFT_VOCAB_FILE, DRAFT_VOCAB_SIZE_KEY, draft_vocab_problem
 
 SCHEDULE_FILE = "skip_schedule.json"
 CONFIG_FILE = "config.json"
@@ -107,7 +110,51 @@ def read_record(directory: str | os.PathLike) -> ExportRecord:
         ExportError: as :func:`schedule_from_export`.
     """
     schedule, raw = schedule_from_export(directory)
-    return ExportRecord.from_schedule_file(schedule, raw, training_config(Path(directory)))
+    return ExportRecord.from_schedule_file(schedule, raw, training_config(Path(directory)),
+                                           recorded_draft_vocab(Path(directory), raw))
+
+
+def read_draft_vocab(path: str | os.PathLike, vocab_size: int | None = None, size: int | None = None
+                     ) -> tuple[int, ...]:
+    """The token ids of a draft vocabulary file (a JSON list, most frequent first).
+
+    Args:
+        path: The file.
+        vocab_size: The model's vocabulary size, when known: every id must be below it.
+        size: How many ids the file must hold, when recorded.
+
+    Raises:
+        InputError: naming the file when it is missing, not JSON, or not distinct token ids (of ``size``).
+    """
+    try:
+        ids = json.loads(Path(path).read_text())
+    except FileNotFoundError as err:
+        raise InputError(f"{path} is missing: a draft vocabulary is a JSON list of token ids") from err
+    except (OSError, json.JSONDecodeError) as err:
+        raise InputError(f"{path} cannot be read as JSON: {' '.join(str(err).split())}") from err
+    problem = draft_vocab_problem(ids, vocab_size if vocab_size is not None else 2**63)
+    if problem is None and size is not None and len(ids) != size:
+        problem = f"allowed {size} ids ({DRAFT_VOCAB_SIZE_KEY}={size} in {SCHEDULE_FILE})"
+    if problem is not None:
+        raise InputError(f"{path} is not a draft vocabulary: {problem}")
+    return tuple(ids)
+
+
+def recorded_draft_vocab(directory: Path, raw: dict[str, Any], vocab_size: int | None = None
+                         ) -> tuple[int, ...] | None:
+    """The draft vocabulary an export records (``draft_vocab_size`` in its ``skip_schedule.json`` object ``raw``),
+    or ``None``.
+
+    Raises:
+        ExportError: naming ``draft_vocab.json`` when it is missing or does not hold that many valid ids.
+    """
+    size = raw.get(DRAFT_VOCAB_SIZE_KEY)
+    if size is None:
+        return None
+    try:
+        return read_draft_vocab(directory / DRAFT_VOCAB_FILE, vocab_size, size)
+    except InputError as err:
+        raise ExportError(f"{err}; restore it or export again") from err
 
 
 def training_config(directory: Path) -> str | None:

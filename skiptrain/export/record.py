@@ -8,8 +8,9 @@ spread over the export's files, whose formats are the export contract:
   ``trained_with_schedule``, ``base_model`` (its Hub id where known: :attr:`ExportRecord.base_model_id`, with
   ``base_model_source`` naming the bundled model it was loaded from), ``base_quantization`` and, when known,
   ``checkpoint``
-  (:class:`ExportedCheckpoint`) and ``prompt_format`` (:class:`~skiptrain.shipped.prompt_format.PromptFormat`)
-  (:meth:`ExportRecord.schedule_json`);
+  (:class:`ExportedCheckpoint`), ``prompt_format`` (:class:`~skiptrain.shipped.prompt_format.PromptFormat`) and
+  ``draft_vocab_size`` (:meth:`ExportRecord.schedule_json`);
+- ``draft_vocab.json``: :attr:`ExportRecord.draft_vocab`, when recorded;
 - ``training_config.yaml``: :attr:`ExportRecord.training_config`;
 - ``README.md``: all of it, for people (task and validation metrics are written there only).
 """
@@ -24,6 +25,7 @@ from typing import Any, Literal
 
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.modeling.loading import bundled_model
+from skiptrain.shipped.draft_head import DRAFT_VOCAB_SIZE_KEY
 from skiptrain.shipped.prompt_format import PromptFormat
 
 NOT_RECORDED = "not recorded"
@@ -98,6 +100,8 @@ class ExportRecord:
         checkpoint: Which weights of the run were exported, when a fit run is known.
         prompt_format: How the run made prompts from sources, when it trained on prompt/target pairs: inference
             front-ends apply it to bare sources.
+        draft_vocab: The token ids lossless speculative decoding drafts from (most frequent target tokens of the
+            training data first), when recorded (:mod:`skiptrain.shipped.draft_head`).
     """
 
     base_model: str | None
@@ -111,6 +115,7 @@ class ExportRecord:
     base_quantization: dict[str, Any] | None = None
     checkpoint: ExportedCheckpoint | None = None
     prompt_format: PromptFormat | None = None
+    draft_vocab: tuple[int, ...] | None = None
 
     @property
     def base_model_id(self) -> str | None:
@@ -130,15 +135,19 @@ class ExportRecord:
             extra["base_model_source"] = self.base_model
         if self.prompt_format is not None:
             extra["prompt_format"] = self.prompt_format.to_dict()
+        if self.draft_vocab is not None:
+            extra[DRAFT_VOCAB_SIZE_KEY] = len(self.draft_vocab)
         return self.schedule.to_json(producer=self.producer, trained_with_schedule=self.trained_with_schedule,
                                      base_model=self.base_model_id, base_quantization=self.base_quantization,
                                      **extra)
 
     @classmethod
     def from_schedule_file(
-        cls, schedule: SkipSchedule, data: Mapping[str, Any], training_config: str | None = None
+        cls, schedule: SkipSchedule, data: Mapping[str, Any], training_config: str | None = None,
+        draft_vocab: tuple[int, ...] | None = None,
     ) -> ExportRecord:
-        """The record of an export from its ``skip_schedule.json`` object (whose schedule is ``schedule``).
+        """The record of an export from its ``skip_schedule.json`` object (whose schedule is ``schedule``) and its
+        ``draft_vocab.json`` ids.
 
         Task and metrics are not part of the machine-readable contract, so they come back unset.
         """
@@ -151,6 +160,7 @@ class ExportRecord:
             base_quantization=data.get("base_quantization"),
             checkpoint=ExportedCheckpoint.from_dict(data.get("checkpoint")),
             prompt_format=PromptFormat.from_dict(data["prompt_format"]) if data.get("prompt_format") else None,
+            draft_vocab=draft_vocab,
         )
 
 

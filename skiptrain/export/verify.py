@@ -6,6 +6,7 @@ checked against the architecture built on the meta device (no memory), from the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from skiptrain.export.format import (
     ExportError,
     check_schedule_fits,
     is_adapter_export,
+    recorded_draft_vocab,
     schedule_from_export,
     training_config,
 )
@@ -130,8 +132,9 @@ def verify_export(directory: str | os.PathLike) -> ExportRecord:
     or the base model's for an adapter); and, for merged weights, a missing or unreadable ``config.json``, a
     ``config.json`` whose ``skip_schedule`` key is not an exact copy of ``skip_schedule.json``, and safetensors
     with missing, unexpected, empty or mis-shaped tensors. (An adapter's tensors are checked against the peft
-    model they are saved from or loaded into: :func:`check_exported_adapter`.) Last, an export without tokenizer
-    files is refused.
+    model they are saved from or loaded into: :func:`check_exported_adapter`.) A recorded ``draft_vocab_size``
+    whose ``draft_vocab.json`` is missing or does not hold that many distinct ids of the vocabulary is refused.
+    Last, an export without tokenizer files is refused.
 
     Returns:
         The export's record.
@@ -161,6 +164,7 @@ def _verified(directory: Path) -> tuple[ExportRecord, PretrainedConfig]:
                           "adapter-only export: allowed the name of the model the adapter applies to")
     config = load_config(record.base_model) if adapter else _merged_config(directory)
     check_schedule_fits(schedule, config.num_hidden_layers, directory / SCHEDULE_FILE)
+    record = dataclasses.replace(record, draft_vocab=recorded_draft_vocab(directory, raw, config.vocab_size))
     if not adapter:
         _check_mirror(directory, raw)
         check_exported_weights(directory, config)

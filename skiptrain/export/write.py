@@ -39,6 +39,7 @@ from skiptrain.export.format import (
 from skiptrain.export.record import ExportRecord, producer
 from skiptrain.export.verify import check_exported_adapter, verify_export
 from skiptrain.modeling.quantization import is_quantized, merge_into_dequantized
+from skiptrain.shipped.draft_head import DRAFT_VOCAB_FILE
 
 
 def merged_model(model: nn.Module, in_place: bool = False) -> nn.Module:
@@ -67,9 +68,11 @@ def _write_weights(model: nn.Module, directory: Path, adapter_only: bool, in_pla
 
 def _write_record(directory: Path, record: ExportRecord, adapter_only: bool) -> None:
     """The record's files: ``skip_schedule.json`` (with, for merged weights, its ``config.json`` mirror and the
-    custom generate that reads it), training config, model card."""
+    custom generate that reads it), the draft vocabulary when recorded, training config, model card."""
     text = record.schedule_json()
     (directory / SCHEDULE_FILE).write_text(text + "\n")
+    if record.draft_vocab is not None:
+        (directory / DRAFT_VOCAB_FILE).write_text(json.dumps(list(record.draft_vocab)) + "\n")
     if not adapter_only:
         path = directory / CONFIG_FILE
         config = json.loads(path.read_text())

@@ -23,6 +23,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.core.speedup import batch_ideal_speedup, mean_executed_layers
+from skiptrain.export.format import read_draft_vocab
 from skiptrain.frontends.prompts import RAW, Completion, prompt_batches, prompt_text
 from skiptrain.frontends.request import GenerationRequest
 from skiptrain.frontends.speculative import StepSeconds, generate_lossless
@@ -102,7 +103,8 @@ def complete(
     streamer: BaseStreamer | None = None,
 ) -> tuple[list[Completion], DecodeStats]:
     """Complete ``prompts`` under ``schedule`` as ``request`` asks: its ``max_new_tokens``, ``batch_size``,
-    ``sampling``, ``speculative`` draft length and ``stop`` strings.
+    ``sampling``, ``speculative`` draft length (with its ``draft_vocab`` and ``draft_confidence``) and ``stop``
+    strings.
 
     With ``stop_at_eos=False`` every prompt gets ``max_new_tokens`` tokens (equal work, for timing); a ``streamer``
     receives the tokens of a one-prompt batch as they are generated.
@@ -115,12 +117,15 @@ def complete(
     seconds, speculation, step_seconds = 0.0, SpeculationStats(), StepSeconds()
     eos = tokenizer.eos_token_id if stop_at_eos else None
     stopping = StoppingCriteriaList([StopStringCriteria(tokenizer, list(request.stop))]) if request.stop else None
+    vocab = torch.tensor(read_draft_vocab(request.draft_vocab)) if request.draft_vocab and request.speculative \
+        else None
     for ids, mask in decoder.batches(prompts, request.batch_size):
         started = time.perf_counter()
         with decoder.context():
             if request.speculative:
                 out = generate_lossless(decoder.model, ids, mask, schedule, request.max_new_tokens,
-                                        request.speculative, request.sampling, eos, tokenizer.pad_token_id)
+                                        request.speculative, request.sampling, eos, tokenizer.pad_token_id,
+                                        draft_vocab=vocab, draft_confidence=request.draft_confidence)
                 speculation, step_seconds = speculation.add(out.stats), step_seconds.add(out.seconds)
             else:
                 out = generate_under_schedule(decoder.model, ids, mask, schedule, request.max_new_tokens,

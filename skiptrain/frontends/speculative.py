@@ -17,6 +17,7 @@ mask 0), so rows never wait for each other.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,7 @@ from skiptrain.errors import UsageError
 from skiptrain.modeling.architectures import DecoderParts, decoder_parts
 from skiptrain.modeling.forward import skip_hidden_states
 from skiptrain.modeling.generation import GenerationOutput, SamplingConfig
+from skiptrain.shipped.draft_head import DraftHead, draft_confidence_problem, draft_vocab_problem
 from skiptrain.shipped.speculate import SpeculationStats, crop_cache, sliding_window_of, speculate
 
 
@@ -66,16 +68,21 @@ class SkipSteps:
     """The forward calls of :func:`~skiptrain.shipped.speculate.speculate` through the skip-aware forward, timed.
 
     Prompts run at full depth; a draft for generated index ``g`` runs ``draft.executed_layers(g)`` in every column
-    of the call, whatever its position (after rejected columns, position and column differ).
+    of the call, whatever its position (after rejected columns, position and column differ), and scores the
+    draft vocabulary alone when one is given (:class:`~skiptrain.shipped.draft_head.DraftHead`).
 
     Args:
         model: A supported Hugging Face causal LM (optionally peft-wrapped).
         draft: The draft schedule, built for the model's layer count (its prompt layers are not used).
         prompt_length: ``P``, where every left-padded prompt ends.
+        draft_vocab: ``[N]`` token ids the drafts choose from (default: the whole vocabulary).
     """
 
-    def __init__(self, model: nn.Module, draft: SkipSchedule, prompt_length: int) -> None:
+    def __init__(self, model: nn.Module, draft: SkipSchedule, prompt_length: int,
+                 draft_vocab: torch.Tensor | None = None) -> None:
         self.model, self.parts = model, decoder_parts(model)
+        self.draft_head = None if draft_vocab is None else \
+            DraftHead(self.parts.lm_head, draft_vocab, self.parts.model.config)
         draft.check_num_layers(self.parts.num_layers)
         self.draft_schedule, self.dense = draft, Dense().build(self.parts.num_layers)
         self._drafts: dict[tuple[int, ...], SkipSchedule] = {}
@@ -85,12 +92,12 @@ class SkipSteps:
         self._synchronize = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
 
     def _logits(self, kind: str, input_ids: torch.Tensor, attention_mask: torch.Tensor, schedule: SkipSchedule,
-                last_only: bool) -> torch.Tensor:
+                last_only: bool, head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         started = time.perf_counter()
         parts: DecoderParts = self.parts
         hidden = skip_hidden_states(self.model, input_ids, attention_mask, schedule, self.prompt_length, self.cache,
                                     parts)
-        logits = parts.lm_head(hidden[:, -1] if last_only else hidden).float()
+        logits = (head or parts.logits)(hidden[:, -1] if last_only else hidden).float()
         self._synchronize()
         setattr(self.seconds, kind, getattr(self.seconds, kind) + time.perf_counter() - started)
         return logits
@@ -102,7 +109,8 @@ class SkipSteps:
         layers = self.draft_schedule.executed_layers(index)
         if layers not in self._drafts:  # whatever its column: rejected columns make column and index differ
             self._drafts[layers] = SkipSchedule(self.parts.num_layers, self.dense.prompt_layers, (layers,))
-        return self._logits("draft", input_ids, attention_mask, self._drafts[layers], last_only=True)
+        return self._logits("draft", input_ids, attention_mask, self._drafts[layers], last_only=True,
+                            head=self.draft_head)
 
     def verify(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, past: int) -> torch.Tensor:
         crop_cache(self.cache, past)
@@ -118,6 +126,26 @@ def check_draft_tokens(draft_tokens: int, max_new_tokens: int) -> None:
     if not 0 <= draft_tokens <= max_new_tokens:
         raise UsageError(f"speculative={draft_tokens} is invalid with max_new_tokens={max_new_tokens}: allowed "
                          f"0 <= speculative <= {max_new_tokens} draft tokens per verification (0 turns it off)")
+
+
+def check_draft_levers(draft_vocab: torch.Tensor | None, draft_confidence: float, vocab_size: int) -> None:
+    """Refuse a draft vocabulary that is not distinct ids of the model's ``vocab_size`` head, or a confidence
+    threshold outside ``[0, 1)``.
+
+    Raises:
+        UsageError: naming ``draft_vocab`` or ``draft_confidence`` and what is allowed.
+    """
+    problem = draft_confidence_problem(draft_confidence)
+    if problem is not None:
+        raise UsageError(f"draft_confidence={draft_confidence!r} is invalid: {problem}")
+    if draft_vocab is None:
+        return
+    problem = draft_vocab_problem(draft_vocab, vocab_size) if isinstance(draft_vocab, torch.Tensor) else \
+        draft_vocab_problem(None, vocab_size)
+    if problem is not None:
+        shown = draft_vocab.tolist() if isinstance(draft_vocab, torch.Tensor) and draft_vocab.numel() <= 8 else \
+            f"<{type(draft_vocab).__name__} of shape {tuple(getattr(draft_vocab, 'shape', ()))}>"
+        raise UsageError(f"draft_vocab={shown} is invalid: {problem}")
 
 
 def check_full_attention(draft_tokens: int, config: PretrainedConfig) -> None:
@@ -154,12 +182,16 @@ def generate_lossless(
     generator: torch.Generator | None = None,
     synced: bool = False,
     batch_minimum: bool = False,
+    draft_vocab: torch.Tensor | None = None,
+    draft_confidence: float = 0.0,
 ) -> SpeculativeOutput:
     """Full-depth decoding of left-padded prompts, ``draft_tokens`` tokens drafted per verification under ``draft``.
 
     Arguments as :func:`~skiptrain.modeling.generation.generate_under_schedule` (whose ``schedule`` here is the
     draft schedule), plus ``draft_tokens``, K >= 0 (0 decodes at full depth one token per step), and
-    ``batch_minimum`` (:func:`~skiptrain.shipped.speculate.speculate`). Greedy tokens equal
+    ``batch_minimum`` and ``draft_confidence`` (:func:`~skiptrain.shipped.speculate.speculate`: a row stops proposing
+    drafts after one less probable than this), and ``draft_vocab``, ``[N]`` token ids the drafts choose from (their
+    LM head scores those alone; verification scores the whole vocabulary). Greedy tokens equal
     ``generate_under_schedule(..., Dense().build(L))``'s up to logit near-ties (a K + 1 column matmul may round
     differently from a one-column one); sampled tokens follow its distribution.
 
@@ -168,24 +200,28 @@ def generate_lossless(
             sliding-window attention (:func:`~skiptrain.shipped.speculate.sliding_window_of`), or
             ``synced=True``: the number of forward calls depends on what each rank accepts, so ranks of ZeRO-3 or
             FSDP would not call their layers in lockstep; or ``sampling.block_repeated_ngrams`` (the verification
-            applies only warpers that read no sequence).
+            applies only warpers that read no sequence); or a ``draft_vocab`` that is not distinct ids of the
+            vocabulary, or ``draft_confidence`` outside ``[0, 1)``.
     """
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1")
     check_draft_tokens(draft_tokens, max_new_tokens)
-    check_full_attention(draft_tokens, decoder_parts(model).model.config)
+    parts = decoder_parts(model)
+    check_full_attention(draft_tokens, parts.model.config)
+    check_draft_levers(draft_vocab, draft_confidence, parts.lm_head.weight.shape[0])
     if synced:
         raise UsageError("synced=True is invalid with speculative decoding: its forward calls depend on what each "
                          "rank accepts; allowed synced=False (decode on one process, or without speculation)")
     sampling = sampling or SamplingConfig()
     check_speculative_sampling(sampling)
-    steps = SkipSteps(model, draft, input_ids.shape[1])
+    steps = SkipSteps(model, draft, input_ids.shape[1], draft_vocab)
     tokens, lengths, stats = speculate(
         steps, input_ids, attention_mask, max_new_tokens, draft_tokens, eos_token_id, pad_token_id,
         do_sample=sampling.do_sample, warpers=sampling.warpers(), generator=generator, batch_minimum=batch_minimum,
+        draft_confidence=draft_confidence,
     )
     return SpeculativeOutput(tokens=tokens, lengths=lengths, stats=stats, seconds=steps.seconds)
 
 
-__all__ = ["SkipSteps", "SpeculativeOutput", "StepSeconds", "check_draft_tokens", "check_speculative_sampling",
-           "generate_lossless"]
+__all__ = ["SkipSteps", "SpeculativeOutput", "StepSeconds", "check_draft_levers", "check_draft_tokens",
+           "check_speculative_sampling", "generate_lossless"]

@@ -12,7 +12,9 @@ the attention backend's own metadata builder: skipped tokens cost nothing and wr
 residual stream passes unchanged. Since the sets are nested (a later generated index runs a subset of an earlier
 one's layers), a request's rows that run a layer are the first of its rows in the step, and every earlier token of
 the request ran that layer too, so the rows' attention reads only keys and values that exist. Layers that the same
-rows run are grouped, so the rows are gathered and scattered once per group, not per layer.
+rows run are grouped, so the rows are gathered and scattered once per group, not per layer. Where vLLM keeps
+sliding-window and global layers in KV-cache groups of their own (Gemma 2 and 3), each group's metadata is cut to the
+rows by that group's builder.
 
 The forward pass changes shape with the schedule every step, so it runs eagerly (no CUDA graphs, no
 ``torch.compile``); prefix caching and speculative decoding are refused (see :func:`check_engine`).
@@ -29,10 +31,15 @@ from torch import nn
 from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.models.gemma2 import Gemma2ForCausalLM
+from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM
+from vllm.model_executor.models.gpt2 import GPT2LMHeadModel
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.mistral import MistralForCausalLM
 from vllm.model_executor.models.opt import OPTForCausalLM
+from vllm.model_executor.models.phi3 import Phi3ForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.platforms import current_platform
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
@@ -42,7 +49,7 @@ from skiptrain.shipped.schedule import CONFIG_KEY, SkipScheduleError, read_sched
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures the handlers of "vllm" loggers
 
 State = tuple[torch.Tensor, ...]
-"""What flows between decoder layers: ``(hidden_states, residual)`` (Llama family) or ``(hidden_states,)`` (OPT)."""
+"""What flows between decoder layers: ``(hidden_states, residual)`` (Llama layout), ``(hidden_states,)`` (OPT)."""
 LayerCall = Callable[[nn.Module, torch.Tensor, State], State]
 
 
@@ -113,7 +120,8 @@ class LayerSkipper:
         self.sets = [frozenset(prompt_layers)] + [frozenset(s) for s in table]
         """Code ``0``: prompt tokens; code ``1 + k``: generated index ``k`` (the last entry for every later one)."""
         self.attention = [attention_of(layer) for layer in self.layers]
-        self.builder: Any = None
+        self.names = [attention.layer_name for attention in self.attention]
+        self.builders: dict[tuple[str, ...], Any] = {}
         logger.info("skiptrain: serving %s under its skip schedule (%d layers for prompt tokens, %s for generated "
                     "tokens)", vllm_config.model_config.model, len(prompt_layers),
                     "/".join(str(len(s)) for s in table[:8]) + ("/..." if len(table) > 8 else ""))
@@ -182,41 +190,52 @@ class LayerSkipper:
         return groups
 
     # -- attention metadata for a subset of rows ---------------------------------------------------------------------
-    def metadata_builder(self) -> Any:
-        """The attention backend's metadata builder for the decoder layers (made on the first step)."""
-        if self.builder is None:
-            attention = self.attention[0]
+    def metadata_builder(self, names: tuple[str, ...]) -> Any:
+        """The attention backend's metadata builder for the layers ``names`` of one KV-cache group (made once)."""
+        if names not in self.builders:
+            attention = self.attention[self.names.index(names[0])]
             spec = attention.get_kv_cache_spec(self.vllm_config)
             builder_class = attention.attn_backend.get_builder_cls()
-            self.builder = builder_class(spec, [a.layer_name for a in self.attention], self.vllm_config,
-                                         torch.device(current_platform.device_type))
-        return self.builder
+            self.builders[names] = builder_class(spec, list(names), self.vllm_config,
+                                                 torch.device(current_platform.device_type))
+        return self.builders[names]
 
-    def subset_metadata(self, metadata: Any, rows: torch.Tensor, request: torch.Tensor, positions: torch.Tensor
-                        ) -> Any:
-        """Attention metadata of just ``rows``: each request keeps its first rows, and its context ends after them."""
+    def subset_metadata(self, metadata: Any, names: tuple[str, ...], rows: torch.Tensor, request: torch.Tensor,
+                        positions: torch.Tensor) -> Any:
+        """Attention metadata of just ``rows`` (of the KV-cache group of the layers ``names``): each request keeps
+        its first rows, and its context ends after them."""
+        device = metadata.seq_lens.device
         count = len(metadata.seq_lens)
         kept = torch.bincount(request[rows], minlength=count)
-        full = metadata.query_start_loc[1:] - metadata.query_start_loc[:-1]
-        seq_lens = metadata.seq_lens - (full - kept.to(metadata.seq_lens.dtype))
+        full = (metadata.query_start_loc[1:] - metadata.query_start_loc[:-1]).cpu()
         live = (kept > 0).nonzero().squeeze(1)
+        seq_lens = (metadata.seq_lens.cpu() - (full - kept).to(metadata.seq_lens.dtype))[live]
         query_lens = kept[live].to(metadata.query_start_loc.dtype)
         query_start = torch.zeros(len(live) + 1, dtype=metadata.query_start_loc.dtype)
         torch.cumsum(query_lens, 0, out=query_start[1:])
-        seq_lens = seq_lens[live]
+        at = rows.to(device)
         common = CommonAttentionMetadata(
-            query_start_loc=query_start, query_start_loc_cpu=query_start, seq_lens=seq_lens, num_reqs=len(live),
-            num_actual_tokens=len(rows), max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()),
-            block_table_tensor=metadata.block_table[live], slot_mapping=metadata.slot_mapping[rows], causal=True,
-            positions=positions[rows], seq_lens_cpu_upper_bound=seq_lens.cpu(),
+            query_start_loc=query_start.to(device), query_start_loc_cpu=query_start, seq_lens=seq_lens.to(device),
+            num_reqs=len(live), num_actual_tokens=len(rows), max_query_len=int(query_lens.max()),
+            max_seq_len=int(seq_lens.max()), block_table_tensor=metadata.block_table[live.to(device)],
+            slot_mapping=metadata.slot_mapping[at], causal=True, positions=positions[at],
+            seq_lens_cpu_upper_bound=seq_lens,
         )
-        return self.metadata_builder().build(common_prefix_len=0, common_attn_metadata=common)
+        return self.metadata_builder(names).build(common_prefix_len=0, common_attn_metadata=common)
 
     # -- the forward pass --------------------------------------------------------------------------------------------
     def every_layer(self, positions: torch.Tensor, state: State) -> State:
         for layer in self.layers:
             state = self.call(layer, positions, state)
         return state
+
+    def kv_groups(self, per_layer: dict[str, Any]) -> list[tuple[str, ...]]:
+        """Each layer's KV-cache group, as the names of the layers sharing its attention metadata (vLLM's hybrid KV
+        cache puts sliding-window and global layers in different groups, each with its own block table)."""
+        sharing: dict[int, list[str]] = {}
+        for name in self.names:
+            sharing.setdefault(id(per_layer[name]), []).append(name)
+        return [tuple(sharing[id(per_layer[name])]) for name in self.names]
 
     def run(self, input_ids: torch.Tensor | None, positions: torch.Tensor, state: State) -> State:
         """Run every decoder layer on the rows that execute it; the state of the other rows passes unchanged."""
@@ -227,35 +246,31 @@ class LayerSkipper:
         if not isinstance(per_layer, dict):
             raise SkipScheduleError(f"attention metadata of type {type(per_layer).__name__} is not supported under a "
                                     "skip schedule: allowed one per layer (no speculative decoding, no micro-batching)")
-        names = [a.layer_name for a in self.attention]
-        metadata = per_layer[names[0]]
-        if any(per_layer[name] is not metadata for name in names):
-            raise SkipScheduleError("the decoder layers have different attention metadata (several KV-cache groups, "
-                                    "e.g. sliding-window layers beside global ones): not supported under a skip "
-                                    "schedule")
-        planned = self.codes(input_ids, positions, metadata)
+        planned = self.codes(input_ids, positions, per_layer[self.names[0]])
         if planned is None:
             return self.every_layer(positions, state)
         code, request = planned
         slots = context.slot_mapping
-        saved = {name: (per_layer[name], slots.get(name)) for name in names}
-        subsets: dict[tuple[int, ...], Any] = {}  # built once per row set, for every group of those rows
+        saved = {name: (per_layer[name], slots.get(name)) for name in self.names}
+        kv_groups = self.kv_groups(per_layer)
+        subsets: dict[tuple[tuple[int, ...], tuple[str, ...]], Any] = {}  # per row set and KV-cache group
         try:
             for group in self.groups(code):
                 if group.rows is None:
                     for index in group.layers:
                         state = self.call(self.layers[index], positions, state)
                     continue
-                if group.codes not in subsets:
-                    subsets[group.codes] = self.subset_metadata(metadata, group.rows, request, positions)
-                subset = subsets[group.codes]
                 for index in group.layers:
-                    per_layer[names[index]] = subset
-                    slots[names[index]] = subset.slot_mapping
-                rows = tuple(tensor[group.rows] for tensor in state)
+                    name, key = self.names[index], (group.codes, kv_groups[index])
+                    if key not in subsets:
+                        subsets[key] = self.subset_metadata(saved[name][0], key[1], group.rows, request, positions)
+                    per_layer[name] = subsets[key]
+                    slots[name] = subsets[key].slot_mapping
+                at = group.rows.to(positions.device)
+                rows = tuple(tensor[at] for tensor in state)
                 for index in group.layers:
-                    rows = self.call(self.layers[index], positions[group.rows], rows)
-                state = tuple(tensor.index_copy(0, group.rows, part) for tensor, part in zip(state, rows, strict=True))
+                    rows = self.call(self.layers[index], positions[at], rows)
+                state = tuple(tensor.index_copy(0, at, part) for tensor, part in zip(state, rows, strict=True))
         finally:
             for name, (layer_metadata, layer_slots) in saved.items():
                 per_layer[name] = layer_metadata
@@ -270,17 +285,20 @@ def llama_layer(layer: nn.Module, positions: torch.Tensor, state: State) -> Stat
     return layer(positions, hidden, residual)
 
 
-def opt_layer(layer: nn.Module, positions: torch.Tensor, state: State) -> State:
-    """An OPT layer: it adds its own residual, so the state is the hidden states alone."""
+def own_residual_layer(layer: nn.Module, positions: torch.Tensor, state: State) -> State:
+    """An OPT or GPT-2 layer: it adds its own residual, so the state is the hidden states alone."""
     return (layer(state[0]),)
 
 
 class _SkipLlamaFamily:
-    """``forward`` of the Llama, Mistral and Qwen2 classes: embeddings, the skipper's layers, the final norm."""
+    """The Llama layout (``model.embed_input_ids``, ``model.layers`` on ``(positions, hidden, residual)``,
+    ``model.norm``) under the schedule. Gemma's embedding scaling is in its ``embed_input_ids``, its soft-capping of
+    attention logits in its attention modules and of final logits in its ``compute_logits``: vLLM's own code."""
 
     model: nn.Module
 
-    def _init_skipper(self, vllm_config: Any) -> None:
+    def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
         self.skipper = LayerSkipper(vllm_config, self.model.layers, llama_layer)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors: Any = None,
@@ -294,25 +312,29 @@ class _SkipLlamaFamily:
 class SkipLlamaForCausalLM(_SkipLlamaFamily, LlamaForCausalLM):
     """Llama (and SmolLM2) under the export's skip schedule."""
 
-    def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
-        LlamaForCausalLM.__init__(self, vllm_config=vllm_config, prefix=prefix, **kwargs)
-        self._init_skipper(vllm_config)
-
 
 class SkipMistralForCausalLM(_SkipLlamaFamily, MistralForCausalLM):
     """Mistral under the export's skip schedule."""
-
-    def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
-        MistralForCausalLM.__init__(self, vllm_config=vllm_config, prefix=prefix, **kwargs)
-        self._init_skipper(vllm_config)
 
 
 class SkipQwen2ForCausalLM(_SkipLlamaFamily, Qwen2ForCausalLM):
     """Qwen2 under the export's skip schedule."""
 
-    def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
-        Qwen2ForCausalLM.__init__(self, vllm_config=vllm_config, prefix=prefix, **kwargs)
-        self._init_skipper(vllm_config)
+
+class SkipQwen3ForCausalLM(_SkipLlamaFamily, Qwen3ForCausalLM):
+    """Qwen3 (its q/k norms inside the attention) under the export's skip schedule."""
+
+
+class SkipPhi3ForCausalLM(_SkipLlamaFamily, Phi3ForCausalLM):
+    """Phi-3 (fused q/k/v and gate/up projections) under the export's skip schedule."""
+
+
+class SkipGemma2ForCausalLM(_SkipLlamaFamily, Gemma2ForCausalLM):
+    """Gemma 2 (sliding and global layers alternating, both soft-cappings) under the export's skip schedule."""
+
+
+class SkipGemma3ForCausalLM(_SkipLlamaFamily, Gemma3ForCausalLM):
+    """Gemma 3 text (sliding and global layers, each kind with its rotary base) under the export's skip schedule."""
 
 
 class SkipOPTForCausalLM(OPTForCausalLM):
@@ -320,7 +342,7 @@ class SkipOPTForCausalLM(OPTForCausalLM):
 
     def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
-        self.skipper = LayerSkipper(vllm_config, self.model.decoder.layers, opt_layer)
+        self.skipper = LayerSkipper(vllm_config, self.model.decoder.layers, own_residual_layer)
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors: Any = None,
                 inputs_embeds: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
@@ -336,5 +358,21 @@ class SkipOPTForCausalLM(OPTForCausalLM):
         return hidden
 
 
-__all__ = ["LayerSkipper", "SkipLlamaForCausalLM", "SkipMistralForCausalLM", "SkipOPTForCausalLM",
-           "SkipQwen2ForCausalLM", "check_engine"]
+class SkipGPT2LMHeadModel(GPT2LMHeadModel):
+    """GPT-2 under the export's skip schedule."""
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+        self.skipper = LayerSkipper(vllm_config, self.transformer.h, own_residual_layer)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors: Any = None,
+                inputs_embeds: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+        body = self.transformer
+        embeds = inputs_embeds if inputs_embeds is not None else body.embed_input_ids(input_ids)
+        (hidden,) = self.skipper.run(input_ids, positions, (embeds + body.wpe(positions),))
+        return body.ln_f(hidden)
+
+
+__all__ = ["LayerSkipper", "SkipGPT2LMHeadModel", "SkipGemma2ForCausalLM", "SkipGemma3ForCausalLM",
+           "SkipLlamaForCausalLM", "SkipMistralForCausalLM", "SkipOPTForCausalLM", "SkipPhi3ForCausalLM",
+           "SkipQwen2ForCausalLM", "SkipQwen3ForCausalLM", "check_engine"]

@@ -13,14 +13,21 @@ import logging
 import os
 from pathlib import Path
 
-SUPPORTED_VLLM = ">=0.32.0,<0.33"
-"""The vLLM releases the plugin is tested with; :func:`register` warns outside them (docs/serving.md)."""
+SUPPORTED_VLLM = ">=0.32.0,<0.34"
+"""The vLLM releases the plugin supports; :func:`register` warns outside them (docs/serving.md, "vLLM versions").
+0.32 is engine-tested (its CPU build, the newest vLLM has); 0.33 has GPU builds only and passes the static check of
+every vLLM name the plugin uses (:mod:`skiptrain.serving.vllm_names`); 0.34 fails it (no V1 model runner)."""
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "SkipLlamaForCausalLM",
     "MistralForCausalLM": "SkipMistralForCausalLM",
     "Qwen2ForCausalLM": "SkipQwen2ForCausalLM",
+    "Qwen3ForCausalLM": "SkipQwen3ForCausalLM",
+    "Phi3ForCausalLM": "SkipPhi3ForCausalLM",
+    "Gemma2ForCausalLM": "SkipGemma2ForCausalLM",
+    "Gemma3ForCausalLM": "SkipGemma3ForCausalLM",  # Gemma 3 text (model_type gemma3_text)
     "OPTForCausalLM": "SkipOPTForCausalLM",
+    "GPT2LMHeadModel": "SkipGPT2LMHeadModel",
 }
 """A model's transformers architecture -> the skip-aware class that serves it under its schedule."""
 
@@ -39,6 +46,9 @@ def register() -> None:
         logging.getLogger(__name__).warning(
             "skiptrain's vLLM plugin is tested with vllm%s, not %s: check that exports still decode exactly "
             "(docs/serving.md, tests/test_vllm.py) before serving", SUPPORTED_VLLM, installed)
+    # vLLM's V2 model runner (the default on GPUs from 0.32) loads V2-interface logits processors only and refuses the
+    # plugin's V1 one, which hands the model its prompt lengths, for every model served; the V1 runner serves them all.
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     for name in ARCHITECTURES.values():
         if name not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(name, f"{MODELS_MODULE}:{name}")

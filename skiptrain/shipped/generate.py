@@ -79,7 +79,8 @@ class GeneratedNGramBlocker(LogitsProcessor):
 
 
 def generate(*args: Any, model: nn.Module, sources: Sequence[PromptSource] | None = None, speculative_tokens: int = 0,
-             block_repeated_ngrams: int = 0, **kwargs: Any) -> Any:
+             block_repeated_ngrams: int = 0, draft_confidence: float = 0.0, draft_vocab: Any = None,
+             **kwargs: Any) -> Any:
     """transformers' ``generate`` with every decoder layer run only for the columns whose executed set holds it.
 
     Takes (besides ``model``, which transformers passes by keyword, and ``sources``, see :func:`encode_sources`)
@@ -87,8 +88,9 @@ def generate(*args: Any, model: nn.Module, sources: Sequence[PromptSource] | Non
     ends at the last input column) and decoding must start from an empty cache.
 
     With ``speculative_tokens=K >= 1`` the output is full-depth decoding's, drafted K tokens at a time under the
-    schedule (``lossless_sequences``). With ``block_repeated_ngrams=N >= 1`` no row generates N tokens in a row that
-    it has already generated (:class:`GeneratedNGramBlocker`; not with ``speculative_tokens``).
+    schedule (``lossless_sequences``, with its ``draft_confidence`` and ``draft_vocab`` levers; by default the
+    export's recorded ``draft_vocab.json`` when it has one). With ``block_repeated_ngrams=N >= 1`` no row generates
+    N tokens in a row that it has already generated (:class:`GeneratedNGramBlocker`; not with ``speculative_tokens``).
 
     Raises:
         SkipScheduleError: for a malformed schedule, an unsupported family, right padding, a non-empty cache passed
@@ -117,8 +119,11 @@ def generate(*args: Any, model: nn.Module, sources: Sequence[PromptSource] | Non
     if block_repeated_ngrams and speculative_tokens:
         raise SkipScheduleError(f"block_repeated_ngrams={block_repeated_ngrams} is invalid with speculative_tokens="
                                 f"{speculative_tokens}: allowed 0")
+    if not speculative_tokens and (draft_confidence or draft_vocab is not None):
+        raise SkipScheduleError("draft_confidence and draft_vocab are invalid without speculative_tokens: allowed "
+                                "with speculative_tokens=K >= 1")
     if speculative_tokens:
-        return lossless_sequences(model, prompt, speculative_tokens, **kwargs)
+        return lossless_sequences(model, prompt, speculative_tokens, draft_confidence, draft_vocab, **kwargs)
     if block_repeated_ngrams:  # the input ids transformers gives processors start with the prompt (none for embeds)
         prompt_ids = 0 if prompt.is_floating_point() else prompt.shape[1]
         kwargs["logits_processor"] = LogitsProcessorList(

@@ -41,10 +41,13 @@ class SpeculationStats:
     Attributes:
         verifications: Full-depth verification forwards (all rows together).
         draft_steps: Draft forwards (one column each, all rows together).
-        judged: Draft tokens the verifier judged: each row's drafts up to and including its first rejected one.
+        judged: Draft tokens the verifier judged: each row's proposed drafts up to and including its first rejected
+            one.
         accepted: Draft tokens the verifier accepted.
         row_verifications: Verifications counted once per row still generating.
         committed: Tokens kept, over all rows and verifications.
+        proposed: Draft tokens the rows proposed (all drafted ones, unless a draft-confidence threshold stopped a
+            row early).
     """
 
     verifications: int = 0
@@ -53,11 +56,17 @@ class SpeculationStats:
     accepted: int = 0
     row_verifications: int = 0
     committed: int = 0
+    proposed: int = 0
 
     @property
     def acceptance_rate(self) -> float:
         """Accepted over judged drafts: the per-token acceptance probability ``a`` of Leviathan et al."""
         return self.accepted / self.judged if self.judged else 0.0
+
+    @property
+    def drafts_per_verification(self) -> float:
+        """Draft tokens a row proposes per verification."""
+        return self.proposed / self.row_verifications if self.row_verifications else 0.0
 
     @property
     def tokens_per_verification(self) -> float:
@@ -97,27 +106,34 @@ def greedy_acceptance(verified: torch.Tensor, drafts: torch.Tensor) -> tuple[tor
 
 
 def sampled_acceptance(
-    verified: torch.Tensor, drafted: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator | None = None
+    verified: torch.Tensor, drafted: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator | None = None,
+    proposed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rejection rule of Leviathan et al.: each token's distribution is the full-depth ``p``.
 
     Draft ``d ~ q`` is accepted with probability ``min(1, p(d) / q(d))``; the first rejected one is replaced by a
-    sample of ``max(p - q, 0)`` (normalised), and when all are accepted one more token is sampled from ``p``.
+    sample of ``max(p - q, 0)`` (normalised), and when all are accepted one more token is sampled from ``p``. A
+    draft that was not proposed is never accepted, and its column samples ``p`` (as after the last draft).
 
     Args:
         verified: ``[B, k + 1, V]`` full-depth probabilities ``p`` (after the logits warpers).
         drafted: ``[B, k, V]`` draft probabilities ``q`` the drafts were sampled from.
         drafts: ``[B, k]`` draft tokens.
         generator: Random generator.
+        proposed: ``[B]`` drafts each row proposed (default: all ``k``); its later ones are not judged.
 
     Returns:
         As :func:`greedy_acceptance`.
     """
     batch, width, vocab = verified.shape
+    if proposed is not None:  # q = 0 where a row proposed nothing: its residual there is p
+        drafted = drafted * (torch.arange(width - 1, device=verified.device) < proposed[:, None])[..., None]
     p_draft = verified[:, :-1].gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
     q_draft = drafted.gather(-1, drafts[..., None]).squeeze(-1)  # [B, k]
     uniform = torch.rand(p_draft.shape, generator=generator, device=verified.device)
     accepted = (uniform * q_draft < p_draft).long().cumprod(1).sum(1)  # [B]
+    if proposed is not None:
+        accepted = accepted.minimum(proposed)
     residual = torch.cat([(verified[:, :-1] - drafted).clamp(min=0), verified[:, -1:]], dim=1)  # [B, k + 1, V]
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, verified)  # p == q: nothing to correct
     replaced = torch.multinomial(residual.reshape(-1, vocab), 1, generator=generator).view(batch, width)
@@ -140,6 +156,7 @@ def speculate(
     warpers: LogitsProcessorList | None = None,
     generator: torch.Generator | None = None,
     batch_minimum: bool = False,
+    draft_confidence: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, SpeculationStats]:
     """Decode left-padded prompts: the full-depth output, drafted ``draft_tokens`` tokens per verification.
 
@@ -164,6 +181,9 @@ def speculate(
         generator: Random generator for sampling.
         batch_minimum: Every row keeps only as many tokens as the row that keeps fewest (rows that end aside):
             also lossless, and slower; kept to measure what per-row bookkeeping buys.
+        draft_confidence: A row stops proposing drafts in a round after one whose draft probability (after the
+            warpers) is below this; the batch stops drafting once no active row proposes. 0: every row proposes
+            all ``draft_tokens``.
 
     Returns:
         ``(tokens [B, G], lengths [B], stats)``.
@@ -194,21 +214,28 @@ def speculate(
         k = min(draft_tokens, int(remaining[active].max()) - 1)
         index = int(counts[active].min()) - 1  # generated index of the fed token of the row furthest behind
         column, drafts, drafted = token, [], []
+        proposing, proposed = active.clone(), torch.zeros_like(counts)  # rows still proposing; drafts each proposed
         for j in range(k):
             logits = steps.draft(column[:, None], torch.cat([mask, ones[:, : j + 1]], dim=1), index + j)
-            if do_sample:
-                drafted.append(probabilities(logits))
-                column = torch.multinomial(drafted[-1], 1, generator=generator).squeeze(1)
-            else:
-                column = logits.argmax(-1)
+            probs = probabilities(logits) if do_sample or draft_confidence else None
+            column = torch.multinomial(probs, 1, generator=generator).squeeze(1) if do_sample else logits.argmax(-1)
+            drafted.append(probs)
             drafts.append(column)
+            proposed += proposing
+            if draft_confidence:  # a draft below the threshold is still proposed, the row's later ones are not
+                proposing &= probs.gather(1, column[:, None]).squeeze(1) >= draft_confidence
+                if not bool(proposing.any()):
+                    break
+        k = len(drafts)
         draft = torch.stack(drafts, 1) if drafts else token.new_zeros(batch, 0)  # [B, k]
         verified = steps.verify(torch.cat([token[:, None], draft], 1), torch.cat([mask, ones[:, : k + 1]], 1), past)
+        partial = proposed if draft_confidence else None  # None: every row proposed all k
         if do_sample:
             drafted_probs = torch.stack(drafted, 1) if drafted else verified.new_zeros(batch, 0, verified.shape[-1])
-            chosen, accepted = sampled_acceptance(probabilities(verified), drafted_probs, draft, generator)
+            chosen, accepted = sampled_acceptance(probabilities(verified), drafted_probs, draft, generator, partial)
         else:
             chosen, accepted = greedy_acceptance(verified, draft)
+            accepted = accepted if partial is None else accepted.minimum(partial)
         width = torch.arange(k + 1, device=device)
         exact = width <= accepted[:, None]  # [B, k + 1]
         ends = torch.isin(chosen, eos) & exact
@@ -224,7 +251,8 @@ def speculate(
         finished |= (torch.isin(chosen, eos) & keep).any(1) | (counts >= max_new_tokens)
         stats.verifications += 1
         stats.draft_steps += k
-        stats.judged += int(torch.minimum(accepted + 1, torch.full_like(accepted, k))[active].sum())
+        stats.judged += int(torch.minimum(accepted + 1, proposed)[active].sum())
+        stats.proposed += int(proposed[active].sum())
         stats.accepted += int(accepted[active].sum())
         stats.row_verifications += int(active.sum())
         stats.committed += int(kept.sum())

@@ -19,6 +19,8 @@ import yaml
 
 from skiptrain.core.output_dir import check_output_dir
 from skiptrain.data.datamodule import stored_prompt_format
+from skiptrain.data.draft_vocab import check_draft_vocab_size, frequent_target_tokens
+from skiptrain.errors import UsageError
 from skiptrain.export.format import ADAPTER_ONLY_NEEDS_LORA, ExportError, ExportUsageError, is_export, read_record
 from skiptrain.export.record import NOT_RECORDED, ExportedCheckpoint, ExportRecord
 from skiptrain.export.write import write_export
@@ -168,21 +170,32 @@ def export_checkpoint(
     weights_only: bool | None = None,
     adapter_only: bool = False,
     overwrite: bool = False,
+    draft_vocab_size: int | None = None,
 ) -> Path:
     """Export a run's checkpoint (or the configured module alone) with its record; see ``skiptrain export``.
 
     The target is checked before any weights are loaded. A module whose model is built here has its LoRA adapters
-    merged in place (no copy).
+    merged in place (no copy). With ``draft_vocab_size`` N the export records the N most frequent target tokens of
+    ``datamodule``'s training split as its draft vocabulary (:mod:`skiptrain.data.draft_vocab`).
 
     Returns:
         The export directory.
     """
     check_output_dir(output_dir, overwrite)
+    if draft_vocab_size is not None:  # the model's vocabulary size, before any weights load
+        vocab_size = (module.check_model() or module.model.config).vocab_size
+        check_draft_vocab_size(draft_vocab_size, vocab_size)
+        if datamodule is None:
+            raise UsageError(f"draft_vocab_size={draft_vocab_size} needs the run's data (--data or its --config): "
+                             "its training targets are counted; allowed null without data")
     fresh = module.model is None
     if adapter_only and fresh and (module.lora is None or module.source.kind == "export"):
         raise ExportUsageError(ADAPTER_ONLY_NEEDS_LORA)  # known before any weights are loaded
     weights = module.load_weights(ckpt_path, weights_only)
     record = checkpoint_record(weights, ckpt_path, module, datamodule, weights_only)
+    if draft_vocab_size is not None:
+        record = dataclasses.replace(record, draft_vocab=frequent_target_tokens(datamodule, draft_vocab_size,
+                                                                                vocab_size))
     return export_module(module, output_dir, record, adapter_only=adapter_only, overwrite=overwrite, in_place=fresh)
 
 

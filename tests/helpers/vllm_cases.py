@@ -16,7 +16,9 @@ from pathlib import Path
 from helpers.tiny_models import tiny_model
 from helpers.tiny_tokenizer import build_tiny_tokenizer
 
-FAMILIES = ("llama", "qwen2", "mistral", "opt")
+FAMILIES = ("llama", "qwen2", "mistral", "opt", "qwen3", "phi3", "gemma2", "gemma3_text", "gpt2")
+"""Every family skiptrain trains, as :mod:`helpers.tiny_models` builds them (Gemma's sliding window, 5 tokens, is
+shorter than the prompts, so its sliding layers attend to a window)."""
 PROMPTS = [
     "The council met on Monday",
     "Describe the restaurant in one sentence. Attributes: name[The Eagle], eatType[coffee shop], area[riverside]",
