@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.tiny_models import ARCHITECTURES, left_padded_batch, tiny_config, tiny_model
+from helpers.tiny_models import ARCHITECTURES, left_padded_batch, tiny_model
 
 import skiptrain.shipped.speculate as shared
 from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate_under_schedule
 from skiptrain.errors import UsageError
 from skiptrain.frontends.speculative import SkipSteps, generate_lossless
 from skiptrain.shipped.lossless import sampling_warpers
-from skiptrain.shipped.speculate import sampled_acceptance, sliding_window_of, speedup_bound
+from skiptrain.shipped.speculate import sampled_acceptance, speedup_bound
 
 LAYERS = 6
 NEW_TOKENS = 12
 NEAR_TIE = 1e-4
-# Sliding-window attention is refused (see the refusal test): every architecture whose tiny config has a window.
-FAMILIES = tuple(name for name in ARCHITECTURES if sliding_window_of(tiny_config(name)) is None)
+FAMILIES = ARCHITECTURES  # sliding windows too: the cache is compacted after each verification
 DRAFTS = {
     "decaying": SkipDecode(min_layers=2, max_layers=5, decay_tokens=3),  # accepts some drafts
     "one_layer": Static(layers=(0,)),  # layer 0 alone: its drafts are almost always rejected
@@ -75,31 +74,47 @@ def test_an_end_of_sequence_token_reached_mid_draft_ends_the_row_as_generate_doe
 
 
 class RecordingSteps(SkipSteps):
-    """:class:`SkipSteps` that keep, after each verification, the cache, the attention mask and every column's token."""
+    """:class:`SkipSteps` that keep, after each verification, the cache, the attention mask and every column's token,
+    and whose drafts for row 1 are spoiled (the argmax moved to the next id), so that its drafts are rejected.
 
-    def __init__(self, *args, prompt_ids: torch.Tensor) -> None:
+    Each row's cached tokens are the first of those it was fed (the prompt, then each verification's columns, up to
+    its rejected ones): as many as the mask of the cached columns counts, in its last columns.
+    """
+
+    def __init__(self, *args, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
         super().__init__(*args)
-        self.ids, self.after_verification = prompt_ids, []
+        self.fed = [row[seen.bool()] for row, seen in zip(prompt_ids, prompt_mask, strict=True)]
+        self.after_verification = []
+
+    def draft(self, input_ids, attention_mask, index):
+        logits = super().draft(input_ids, attention_mask, index)
+        logits[1] = logits[1].roll(1)
+        return logits
 
     def verify(self, input_ids, attention_mask, past):
         logits = super().verify(input_ids, attention_mask, past)
-        self.ids = torch.cat([self.ids[:, :past], input_ids], 1)
-        self.after_verification.append((self.ids, attention_mask, [(layer.keys.clone(), layer.values.clone())
-                                                                   for layer in self.cache.layers]))
+        cached = attention_mask[:, :past].sum(1).tolist()
+        self.fed = [torch.cat([fed[:count], new]) for fed, count, new in zip(self.fed, cached, input_ids, strict=True)]
+        ids = torch.zeros_like(attention_mask)
+        for row, fed in enumerate(self.fed):
+            ids[row, ids.shape[1] - len(fed):] = fed
+        self.after_verification.append((ids, attention_mask, [(layer.keys.clone(), layer.values.clone())
+                                                              for layer in self.cache.layers]))
         return logits
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_after_a_verification_the_cache_holds_exactly_the_full_depth_keys_and_values(family):
-    """Against a full-depth prefill of the same tokens under the same mask (earlier rejected columns: padding)."""
+    """Against a full-depth prefill of the same tokens under the same mask (earlier rejected columns: padding, moved
+    before each row's tokens)."""
     model = tiny_model(family, LAYERS)
     ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
-    steps = RecordingSteps(model, DRAFTS["decaying"].build(LAYERS), ids.shape[1], prompt_ids=ids)
-    shared.speculate(steps, ids, mask, NEW_TOKENS, 4)
+    steps = RecordingSteps(model, DRAFTS["decaying"].build(LAYERS), ids.shape[1], prompt_ids=ids, prompt_mask=mask)
+    _, _, stats = shared.speculate(steps, ids, mask, NEW_TOKENS, 4)
     assert len(steps.after_verification) >= 3
-    assert any(not bool(seen.all()) for _, seen, _ in steps.after_verification[1:]), "precondition: rejected columns"
+    assert stats.accepted < stats.judged, "precondition: rejected columns, moved before their rows' tokens"
     for round_, (seen_ids, seen_mask, cache) in enumerate(steps.after_verification):
-        reference = SkipSteps(model, Dense().build(LAYERS), ids.shape[1])
+        reference = SkipSteps(model, Dense().build(LAYERS), 0)  # compacted rows: prompts may end before column P
         reference.prefill(seen_ids, seen_mask)
         tokens = seen_mask.bool()[:, None, :, None]  # [B, 1, S, 1]: columns that hold a token (not padding)
         for index, ((keys, values), theirs) in enumerate(zip(cache, reference.cache.layers, strict=True)):
@@ -169,10 +184,10 @@ def sampled_first_tokens(model: torch.nn.Module, prompt: torch.Tensor, seed: int
     return torch.bincount(cells, minlength=VOCAB**3).view(VOCAB, VOCAB, VOCAB)
 
 
-def resample_from_p(verified, drafted, drafts, generator=None):
+def resample_from_p(verified, drafted, drafts, generator=None, proposed=None):
     """A biased rule: accepts as Leviathan et al., but replaces a rejected draft with a sample of ``p``, not of
     ``max(p - q, 0)``."""
-    tokens, accepted = sampled_acceptance(verified, drafted, drafts, generator)
+    tokens, accepted = sampled_acceptance(verified, drafted, drafts, generator, proposed)
     fresh = torch.multinomial(verified.reshape(-1, verified.shape[-1]), 1, generator=generator).view(tokens.shape)
     rows = torch.arange(len(tokens))
     rejected = accepted < drafts.shape[1]
@@ -254,8 +269,6 @@ def test_what_cannot_be_decoded_losslessly_is_refused_in_one_line(kwargs, messag
         generate_lossless(model, ids, mask, DRAFTS["decaying"].build(LAYERS), 4, **kwargs)
     with pytest.raises(ValueError, match="num_layers"):
         generate_lossless(model, ids, mask, DRAFTS["decaying"].build(LAYERS + 1), 4, 2)
-    with pytest.raises(UsageError, match="speculative=2 is invalid for sliding-window attention"):
-        generate_lossless(tiny_model("mistral-sliding", LAYERS), ids, mask, DRAFTS["decaying"].build(LAYERS), 4, 2)
 
 
 def test_the_speedup_bound():

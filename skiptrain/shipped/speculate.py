@@ -4,7 +4,10 @@ The schedule drafts K tokens one column at a time, one full-depth forward over t
 and the longest agreeing prefix is kept (greedy), or the rejection rule of Leviathan et al. (arXiv 2211.17192)
 decides (sampling), so the output distribution is the full-depth one. One KV cache serves both: before verification
 every layer is cut back to the columns verified before, so afterwards it holds full-depth keys and values for every
-column; a row's rejected columns are then masked as padding.
+column. A row's rejected columns then become padding and are moved before its tokens, in every layer
+(:func:`~.cache.compact_cache`): each row stays left-padded, its tokens in the last columns, so a sliding attention
+window counted in columns (Gemma 2 and 3, Mistral and Qwen with a window) covers exactly the tokens full-depth
+decoding sees.
 
 :func:`speculate` is the loop, over any :class:`SpeculativeSteps` (the forward calls on one cache): the export's
 ``generate(speculative_tokens=K)`` runs it through the gated transformers model, and skiptrain's own lossless
@@ -15,14 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 
+from .cache import compact_cache
+
 
 class SpeculativeSteps(Protocol):
     """The forward calls :func:`speculate` makes, on one KV cache (logits as float32)."""
+
+    cache: DynamicCache
+    """The cache, every layer keeping every column (:func:`~.cache.full_length_cache`)."""
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Run the prompts ``[B, P]`` at full depth into the empty cache; logits ``[B, V]`` of the first token."""
@@ -161,9 +169,9 @@ def speculate(
     """Decode left-padded prompts: the full-depth output, drafted ``draft_tokens`` tokens per verification.
 
     All rows draft and verify the same columns, so one cache serves the batch; each row keeps its own exact tokens
-    and its rejected columns become padding (attention mask 0), so a row's tokens are its full-depth tokens whatever
-    the other rows accept. A draft column runs the draft's layers for the generated index of the row furthest
-    behind (by nesting, a superset of every row's own). Rows end at an end-of-sequence token (then
+    and its rejected columns become padding (attention mask 0) moved before its tokens, so a row's tokens are its
+    full-depth tokens whatever the other rows accept. A draft column runs the draft's layers for the generated index
+    of the row furthest behind (by nesting, a superset of every row's own). Rows end at an end-of-sequence token (then
     ``pad_token_id``) or at ``max_new_tokens``, as in transformers' ``generate`` and skiptrain's
     ``generate_under_schedule``.
 
@@ -191,6 +199,7 @@ def speculate(
     device = input_ids.device
     eos = torch.tensor([] if eos_token_id is None else eos_token_id, device=device).flatten()
     batch, past = input_ids.shape
+    prompt_length = past
     rows = torch.arange(batch, device=device)
 
     def probabilities(logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> warped softmax
@@ -256,23 +265,12 @@ def speculate(
         stats.accepted += int(accepted[active].sum())
         stats.row_verifications += int(active.sum())
         stats.committed += int(kept.sum())
-        mask = torch.cat([mask, keep.to(mask.dtype)], dim=1)  # rejected columns become padding
-        past += k + 1
+        # P columns at least stay: skiptrain's forward runs the columns before P as prompt columns
+        mask = compact_cache(steps.cache, torch.cat([mask, keep.to(mask.dtype)], dim=1), prompt_length)
+        past = mask.shape[1]
         token = chosen[rows, (kept - 1).clamp(min=0)].masked_fill(kept == 0, pad_token_id)
     width = int(counts.max())
     return tokens[:, :width], counts, stats
-
-
-def sliding_window_of(config: Any) -> int | None:
-    """The sliding attention window of a model config, ``None`` for full attention in every layer.
-
-    Speculative decoding refuses such models: a row's rejected columns stay in the cache as padding, and a window
-    counted in cache columns would then cover fewer of that row's tokens than full-depth decoding sees.
-    """
-    window = getattr(config, "sliding_window", None)
-    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ()) or (
-        window is not None and getattr(config, "use_sliding_window", True))
-    return window if sliding else None
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:
