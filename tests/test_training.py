@@ -16,6 +16,7 @@ from helpers.interrupt import SimulatedCrash
 from skiptrain import load_exported, skip_forward
 from skiptrain.cli.app import main
 from skiptrain.cli.progress import ProgressBar
+from skiptrain.modeling.architectures import activation_checkpointing_on
 from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
 from skiptrain.training.metrics import EvaluationMetrics, generation_scores
 from skiptrain.training.module import SkipLM
@@ -156,7 +157,7 @@ def test_distillation_bf16_and_activation_checkpointing(tiny_model_dir, tmp_path
     assert logged["train/kl"] > 0, "the skip-aware student differs from its dense teacher"
     assert logged["train/loss"] > logged["train/ce"]
     base = cli.model.model.get_base_model()
-    assert base.is_activation_checkpointing
+    assert activation_checkpointing_on(base)
 
 
 def test_base_teacher_without_lora_is_refused(tiny_model_dir, tmp_path, capsys):

@@ -3,14 +3,26 @@ cache speculative decoding cuts back and compacts."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.masking_utils import create_causal_mask
 
 from .schedule import SkipScheduleError
+
+CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+"""What transformers calls the KV cache argument of models, decoder layers, ``generate`` and the mask builders:
+``cache`` since 5.24, ``past_key_values`` before. Every call that passes a cache names it by this (or
+:func:`cache_argument`), so one code runs on the whole supported range."""
+
+
+def cache_argument(cache: Any) -> dict[str, Any]:
+    """``cache`` as the keyword argument of the installed transformers (:data:`CACHE_ARGUMENT`)."""
+    return {CACHE_ARGUMENT: cache}
 
 
 class SkipCache(DynamicCache):
@@ -123,4 +135,5 @@ def decode_into_skip_cache(model: nn.Module, kwargs: dict[str, Any]) -> None:
             return  # the static cache the model's generation config asks for
         kwargs["cache_implementation"] = None
     kwargs.pop("past_key_values", None)
-    kwargs["cache"] = SkipCache(config=model.config.get_text_config(decoder=True))
+    kwargs.pop("cache", None)
+    kwargs.update(cache_argument(SkipCache(config=model.config.get_text_config(decoder=True))))

@@ -18,7 +18,7 @@ from torch import nn
 from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from .cache import full_length_cache
+from .cache import cache_argument, full_length_cache
 from .draft_head import DraftHead, draft_confidence_problem, draft_vocab_problem, recorded_draft_vocab
 from .gates import ColumnGate, checked_layers, gates_installed, own_forwards
 from .schedule import SkipScheduleError, read_schedule
@@ -49,7 +49,7 @@ class GatedSteps:
         past = self.cache.get_seq_length()
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # as transformers' generate
         return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions,
-                "cache": self.cache, "use_cache": True}
+                **cache_argument(self.cache), "use_cache": True}
 
     def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: frozenset[int],
                 last_only: bool) -> torch.Tensor:
