@@ -17,7 +17,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers.schedules import random_family
-from helpers.tiny_models import tiny_config
 from transformers import (
     AutoModelForCausalLM,
     DynamicCache,
@@ -34,14 +33,11 @@ from skiptrain.export.format import CUSTOM_GENERATE_FILE
 from skiptrain.frontends.speculative import generate_lossless
 from skiptrain.modeling.architectures import ARCHITECTURES
 from skiptrain.modeling.loading import load_tokenizer
-from skiptrain.shipped.cache import SkipCache
+from skiptrain.shipped.cache import CACHE_ARGUMENT, SkipCache, cache_argument
 from skiptrain.shipped.gates import DECODER_LAYERS, decoder_layers, skipping
 from skiptrain.shipped.schedule import SkipScheduleError, read_schedule
-from skiptrain.shipped.speculate import sliding_window_of
 
 HF_FAMILIES = ("llama", "mistral", "qwen2", "opt", "gpt2", "qwen3", "gemma2", "gemma3_text", "phi3")
-FULL_ATTENTION_FAMILIES = tuple(f for f in HF_FAMILIES if sliding_window_of(tiny_config(f)) is None)
-"""Those lossless speculative decoding takes (it refuses sliding windows)."""
 PROMPTS = [
     "Describe the weather in one sentence. Forecast: city[Oslo], day[Monday]",
     "The council met",
@@ -92,7 +88,7 @@ def test_greedy_generate_equals_skiptrain_tokens_and_logits(export, family, sche
     expected, _ = reference(path, batch, return_logits=True)
     model = hf_skip_model(path)
     assert "generate" in vars(model), "trust_remote_code=True installs the export's custom generate"
-    assert batch["input_ids"].shape[1] > (sliding_window_of(model.config) or 0), "the windows cut the prompts"
+    assert batch["input_ids"].shape[1] > (getattr(model.config, "sliding_window", None) or 0), "windows cut prompts"
     recorder = Recorder()
     out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True,
                          output_logits=True, logits_processor=LogitsProcessorList([recorder]))
@@ -164,7 +160,7 @@ def test_layers_outside_the_executed_set_are_not_called_and_keep_no_cache(export
         expected = schedule.prompt_layers if call == 0 else schedule.executed_layers(call - 1)
         assert {layer for (c, layer) in calls if c == call} == set(expected), f"forward call {call}"
     prompt_length = batch["input_ids"].shape[1]
-    cached = [layer.get_seq_length() for layer in out.cache.layers]
+    cached = [layer.get_seq_length() for layer in getattr(out, CACHE_ARGUMENT).layers]
     assert cached == schedule.layer_run_lengths(prompt_length, prompt_length + NEW_TOKENS - 1)
 
 
@@ -230,7 +226,7 @@ def test_plain_from_pretrained_still_loads_and_decodes_densely(export):
     assert torch.equal(out[:, batch["input_ids"].shape[1]:], dense.tokens)
 
 
-@pytest.mark.parametrize("family", FULL_ATTENTION_FAMILIES)
+@pytest.mark.parametrize("family", (*HF_FAMILIES, "mistral-sliding"))  # sliding windows: Gemma 2/3, Mistral's
 @pytest.mark.parametrize("draft_tokens", [1, 3])
 def test_speculative_tokens_give_transformers_own_full_depth_greedy_output(export, family, draft_tokens):
     path = export(family)
@@ -288,10 +284,6 @@ def test_the_speculative_mode_refuses_what_it_cannot_take(export):
         model.generate(**batch, max_new_tokens=3, speculative_tokens=4)
     with pytest.raises(ValueError, match=r"does not take \['num_beams'\]"):
         model.generate(**batch, max_new_tokens=3, speculative_tokens=2, num_beams=2)
-    gemma2 = hf_skip_model(export("gemma2"))  # rejected drafts stay as padding inside the window
-    with pytest.raises(ValueError, match=r"speculative_tokens=2 is invalid for sliding-window attention "
-                                         r"\(sliding_window=5\): allowed full-attention models"):
-        gemma2.generate(**batch, max_new_tokens=3, speculative_tokens=2)
 
 
 def test_calls_it_cannot_apply_exactly_are_refused(export):
@@ -335,8 +327,8 @@ def test_a_forward_set_on_a_layer_instance_is_gated_and_then_restored(export):
     assert vars(layer)["forward"] is hooked
 
 
-SHIPPED_IMPORTS = {"__future__", "collections", "contextlib", "dataclasses", "functools", "json", "re", "typing",
-                   "torch", "transformers"}
+SHIPPED_IMPORTS = {"__future__", "collections", "contextlib", "dataclasses", "functools", "inspect", "json", "re",
+                   "typing", "torch", "transformers"}
 """What the shipped modules may import besides each other: the standard library, torch and transformers."""
 
 
@@ -380,8 +372,8 @@ def test_masks_of_a_layer_kind_are_sized_by_the_longest_cache_of_that_kind(expor
     caches = SkipCache(config=model.config), DynamicCache(config=model.config)
     for cache in caches:
         with skipping(model, prompt.shape[1]), torch.no_grad():
-            model(input_ids=prompt, cache=cache)
-            model(input_ids=torch.tensor([[11]]), cache=cache)  # generated index 0 runs layers 0, 2, 3, 4, 5
+            model(input_ids=prompt, **cache_argument(cache))
+            model(input_ids=torch.tensor([[11]]), **cache_argument(cache))  # generated index 0: layers 0, 2, 3, 4, 5
     skip, transformers_own = caches
     assert [layer.get_seq_length() for layer in skip.layers] == [9, 8, 9, 9, 9, 9]
     assert skip.get_mask_sizes(1, layer_idx=1) == skip.layers[3].get_mask_sizes(1) == (10, 0)
@@ -395,11 +387,11 @@ def test_gemma_decodes_into_a_skip_cache_and_refuses_caches_that_size_masks_by_a
     batch = prompt_batch(load_tokenizer(str(path)))
     model.generation_config.cache_implementation = "hybrid"  # as Gemma checkpoints ship it: a static cache
     out = model.generate(**batch, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
-    assert type(out.cache).__name__ == "SkipCache"  # the export's own copy of the class
+    assert type(getattr(out, CACHE_ARGUMENT)).__name__ == "SkipCache"  # the export's own copy of the class
     assert torch.equal(out.sequences[:, batch["input_ids"].shape[1]:], reference(path, batch)[0].tokens)
     with pytest.raises(ValueError, match=r"a DynamicCache was passed for a model with sliding-window and global "
                                          r"layers: allowed none"):
-        model.generate(**batch, max_new_tokens=3, cache=DynamicCache(config=model.config))
+        model.generate(**batch, max_new_tokens=3, **cache_argument(DynamicCache(config=model.config)))
     with pytest.raises(ValueError, match=r"cache_implementation='static' is invalid for a model with sliding-window "
                                          r"and global layers: allowed None or 'dynamic'"):
         model.generate(**batch, max_new_tokens=3, cache_implementation="static")

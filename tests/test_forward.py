@@ -15,7 +15,7 @@ from skiptrain import (
     position_ids_from_mask,
     skip_forward,
 )
-from skiptrain.modeling.architectures import decoder_parts
+from skiptrain.modeling.architectures import decoder_parts, enable_activation_checkpointing
 
 NUM_LAYERS = 6
 SCHEDULES = {
@@ -111,7 +111,7 @@ def test_lora_and_activation_checkpointing_match_plain_forward():
     plain_grads = {n: p.grad.clone() for n, p in lora.named_parameters() if p.requires_grad}
     assert plain_grads and all(g.abs().sum() > 0 for g in plain_grads.values()), "adapter gradients are non-zero"
     lora.zero_grad()
-    lora.base_model.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(lora.base_model.model)
     checkpointed = skip_forward(lora, ids, mask, schedule, 6)
     checkpointed.logsumexp(-1).mean().backward()
     assert torch.allclose(checkpointed, plain)

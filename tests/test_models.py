@@ -40,8 +40,8 @@ def test_bundled_smollm2_resolves_to_the_gguf_inside_the_wheel():
 
 @needs_bundled
 def test_quickstart_recipe_trains_the_real_model_offline(tmp_path):
-    """The README's main job, shortened to two steps: real SmolLM2 weights, LoRA, skip schedule, checkpoint; then
-    its export and the generation of the sample sources, skipped and dense (``--compare_dense``)."""
+    """The README's main job, shortened to two steps: real SmolLM2 weights, LoRA, skip schedule, the joint objective,
+    checkpoint; then its export and the generation of the sample sources, skipped and dense (``--compare_dense``)."""
     run = ["--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path)]
     cli = main([
         "fit", "--config", str(ROOT / "recipes/quickstart.yaml"),
@@ -56,6 +56,8 @@ def test_quickstart_recipe_trains_the_real_model_offline(tmp_path):
     assert torch.isfinite(metrics["val/loss_skip"]) and "val/bleu" in metrics
     # a pretrained model already knows English: far below the uniform-guess loss log(49152) = 10.8
     assert metrics["val/loss_dense"] < 6
+    # the joint objective (model.dense_loss_weight: 1.0): --speculative drafts for a model trained at both depths
+    assert cli.model.hparams.dense_loss_weight == 1.0 and torch.isfinite(metrics["train/ce_dense"])
     assert list(tmp_path.rglob("*.ckpt"))
 
     export = tmp_path / "export"

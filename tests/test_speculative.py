@@ -3,22 +3,28 @@ cache after a verification, and the full-depth distribution when sampling (and a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-from helpers.tiny_models import ARCHITECTURES, left_padded_batch, tiny_config, tiny_model
+from helpers.tiny_models import ARCHITECTURES, left_padded_batch, tiny_model
+from helpers.tiny_tokenizer import build_tiny_tokenizer
 
 import skiptrain.shipped.speculate as shared
 from skiptrain import Dense, SamplingConfig, SkipDecode, Static, generate_under_schedule
 from skiptrain.errors import UsageError
-from skiptrain.frontends.speculative import SkipSteps, generate_lossless
-from skiptrain.shipped.lossless import sampling_warpers
-from skiptrain.shipped.speculate import sampled_acceptance, sliding_window_of, speedup_bound
+from skiptrain.frontends.decode import Decoder, complete, warn_unless_speculation_pays
+from skiptrain.frontends.request import GenerationRequest
+from skiptrain.frontends.speculative import SkipSteps, StepSeconds, generate_lossless
+from skiptrain.modeling.loading import prepare_tokenizer
+from skiptrain.shipped.gates import ColumnGate, checked_layers, gates_installed, own_forwards
+from skiptrain.shipped.lossless import GatedSteps, sampling_warpers
+from skiptrain.shipped.speculate import SpeculationStats, sampled_acceptance, speedup_bound
 
 LAYERS = 6
 NEW_TOKENS = 12
 NEAR_TIE = 1e-4
-# Sliding-window attention is refused (see the refusal test): every architecture whose tiny config has a window.
-FAMILIES = tuple(name for name in ARCHITECTURES if sliding_window_of(tiny_config(name)) is None)
+FAMILIES = ARCHITECTURES  # sliding windows too: the cache is compacted after each verification
 DRAFTS = {
     "decaying": SkipDecode(min_layers=2, max_layers=5, decay_tokens=3),  # accepts some drafts
     "one_layer": Static(layers=(0,)),  # layer 0 alone: its drafts are almost always rejected
@@ -75,31 +81,57 @@ def test_an_end_of_sequence_token_reached_mid_draft_ends_the_row_as_generate_doe
 
 
 class RecordingSteps(SkipSteps):
-    """:class:`SkipSteps` that keep, after each verification, the cache, the attention mask and every column's token."""
+    """:class:`SkipSteps` that keep, after each verification, the cache, the attention mask and every column's token,
+    and whose drafts for row 1 are spoiled (the argmax moved to the next id), so that its drafts are rejected.
 
-    def __init__(self, *args, prompt_ids: torch.Tensor) -> None:
+    Each row's cached tokens are the first of those it was fed (the prompt, then each verification's columns, up to
+    its rejected ones): as many as the mask of the cached columns counts, in its last columns.
+    """
+
+    def __init__(self, *args, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> None:
         super().__init__(*args)
-        self.ids, self.after_verification = prompt_ids, []
+        self.fed = [row[seen.bool()] for row, seen in zip(prompt_ids, prompt_mask, strict=True)]
+        self.after_verification = []
+        self.rows = list(range(len(prompt_ids)))  # the batch's rows, as numbered in the prompts
+        select = self.cache.batch_select_indices
+
+        def select_rows(rows):  # the rows that ended leave the batch
+            select(rows)
+            self.fed, self.rows = [self.fed[row] for row in rows.tolist()], [self.rows[row] for row in rows.tolist()]
+
+        self.cache.batch_select_indices = select_rows
+
+    def draft(self, input_ids, attention_mask, index):
+        logits = super().draft(input_ids, attention_mask, index)
+        if 1 in self.rows:  # until row 1 ends
+            spoiled = self.rows.index(1)
+            logits[spoiled] = logits[spoiled].roll(1)
+        return logits
 
     def verify(self, input_ids, attention_mask, past):
         logits = super().verify(input_ids, attention_mask, past)
-        self.ids = torch.cat([self.ids[:, :past], input_ids], 1)
-        self.after_verification.append((self.ids, attention_mask, [(layer.keys.clone(), layer.values.clone())
-                                                                   for layer in self.cache.layers]))
+        cached = attention_mask[:, :past].sum(1).tolist()
+        self.fed = [torch.cat([fed[:count], new]) for fed, count, new in zip(self.fed, cached, input_ids, strict=True)]
+        ids = torch.zeros_like(attention_mask)
+        for row, fed in enumerate(self.fed):
+            ids[row, ids.shape[1] - len(fed):] = fed
+        self.after_verification.append((ids, attention_mask, [(layer.keys.clone(), layer.values.clone())
+                                                              for layer in self.cache.layers]))
         return logits
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_after_a_verification_the_cache_holds_exactly_the_full_depth_keys_and_values(family):
-    """Against a full-depth prefill of the same tokens under the same mask (earlier rejected columns: padding)."""
+    """Against a full-depth prefill of the same tokens under the same mask (earlier rejected columns: padding, moved
+    before each row's tokens)."""
     model = tiny_model(family, LAYERS)
     ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
-    steps = RecordingSteps(model, DRAFTS["decaying"].build(LAYERS), ids.shape[1], prompt_ids=ids)
-    shared.speculate(steps, ids, mask, NEW_TOKENS, 4)
+    steps = RecordingSteps(model, DRAFTS["decaying"].build(LAYERS), ids.shape[1], prompt_ids=ids, prompt_mask=mask)
+    _, _, stats = shared.speculate(steps, ids, mask, NEW_TOKENS, 4)
     assert len(steps.after_verification) >= 3
-    assert any(not bool(seen.all()) for _, seen, _ in steps.after_verification[1:]), "precondition: rejected columns"
+    assert stats.accepted < stats.judged, "precondition: rejected columns, moved before their rows' tokens"
     for round_, (seen_ids, seen_mask, cache) in enumerate(steps.after_verification):
-        reference = SkipSteps(model, Dense().build(LAYERS), ids.shape[1])
+        reference = SkipSteps(model, Dense().build(LAYERS), 0)  # compacted rows: prompts may end before column P
         reference.prefill(seen_ids, seen_mask)
         tokens = seen_mask.bool()[:, None, :, None]  # [B, 1, S, 1]: columns that hold a token (not padding)
         for index, ((keys, values), theirs) in enumerate(zip(cache, reference.cache.layers, strict=True)):
@@ -169,10 +201,10 @@ def sampled_first_tokens(model: torch.nn.Module, prompt: torch.Tensor, seed: int
     return torch.bincount(cells, minlength=VOCAB**3).view(VOCAB, VOCAB, VOCAB)
 
 
-def resample_from_p(verified, drafted, drafts, generator=None):
+def resample_from_p(verified, drafted, drafts, generator=None, proposed=None):
     """A biased rule: accepts as Leviathan et al., but replaces a rejected draft with a sample of ``p``, not of
     ``max(p - q, 0)``."""
-    tokens, accepted = sampled_acceptance(verified, drafted, drafts, generator)
+    tokens, accepted = sampled_acceptance(verified, drafted, drafts, generator, proposed)
     fresh = torch.multinomial(verified.reshape(-1, verified.shape[-1]), 1, generator=generator).view(tokens.shape)
     rows = torch.arange(len(tokens))
     rejected = accepted < drafts.shape[1]
@@ -254,14 +286,65 @@ def test_what_cannot_be_decoded_losslessly_is_refused_in_one_line(kwargs, messag
         generate_lossless(model, ids, mask, DRAFTS["decaying"].build(LAYERS), 4, **kwargs)
     with pytest.raises(ValueError, match="num_layers"):
         generate_lossless(model, ids, mask, DRAFTS["decaying"].build(LAYERS + 1), 4, 2)
-    with pytest.raises(UsageError, match="speculative=2 is invalid for sliding-window attention"):
-        generate_lossless(tiny_model("mistral-sliding", LAYERS), ids, mask, DRAFTS["decaying"].build(LAYERS), 4, 2)
 
 
 def test_the_speedup_bound():
     assert speedup_bound(1.0, 4, 0.0) == 5.0  # every draft accepted and free: K + 1 tokens per full-depth step
     assert speedup_bound(0.0, 4, 0.5) == pytest.approx(1 / 3)  # nothing accepted: one token per 3 steps' cost
     assert speedup_bound(0.8, 2, 0.5) == pytest.approx((1 + 0.8 + 0.64) / 2)
+    assert speedup_bound(0.8, 2, 0.5, verify_cost=2.0) == pytest.approx((1 + 0.8 + 0.64) / 3)  # v: 2 full steps
+
+
+
+# -- saying when it does not pay ------------------------------------------------------------------------------------
+UNPAID = "is slower than full-depth decoding on this model"
+PROMPTS = ["Monday", "Rain", "Write the weather forecast.\nData: city[Oslo]\nForecast:", "The council met on",
+           "Hello there", "A B C"]
+
+
+def unpaid_warnings(recorded) -> list[str]:
+    return [str(w.message) for w in recorded if UNPAID in str(w.message)]
+
+
+def test_the_warning_measures_c_against_a_full_depth_step_and_says_what_to_do(recwarn):
+    stats = SpeculationStats(verifications=4, draft_steps=16, judged=10, accepted=2)
+    bound = warn_unless_speculation_pays(stats, StepSeconds(draft=1.6, verify=1.5), 4, 0.25)
+    assert bound == pytest.approx(speedup_bound(0.2, 4, (1.6 / 16) / 0.25, (1.5 / 4) / 0.25))  # c = 0.4, v = 1.5
+    (line,) = unpaid_warnings(recwarn)
+    for part in ("speculative=4 is slower", "a = 0.20", "c = 0.40", "v = 1.50", f"= {bound:.2f}x", "joint objective "
+                 "(--model.dense_loss_weight 1.0)", "--draft_vocab_size N", "smaller --speculative", "fewer layers",
+                 "without --speculative"):
+        assert part in line, (part, line)
+    assert "\n" not in line
+    assert warn_unless_speculation_pays(SpeculationStats(verifications=3), StepSeconds(verify=1.0), 4, 0.25) is None
+    assert warn_unless_speculation_pays(replace(stats, accepted=10), StepSeconds(draft=1.6, verify=1.0), 4, 0.25) > 1
+    assert len(unpaid_warnings(recwarn)) == 1, "no warning where every draft is accepted"
+
+
+def test_an_untrained_draft_is_said_once_to_be_slower_and_a_draft_that_is_always_accepted_is_not(recwarn):
+    """Three batches of a random model whose one-layer drafts are mostly rejected: one warning. The same request on
+    a model whose layers after the first add nothing to the residual stream (output projections zeroed), so that
+    its one-layer draft is its full-depth model and every draft is accepted at a fraction of the cost: none."""
+    tokenizer = prepare_tokenizer(build_tiny_tokenizer())
+    request = GenerationRequest(16, batch_size=2, speculative=8)
+    untrained = tiny_model("llama", LAYERS, vocab_size=len(tokenizer))
+    stats = complete(Decoder(untrained, tokenizer), Static(layers=(0,)).build(LAYERS), PROMPTS, request)[1]
+    assert stats.speculation.acceptance_rate < 0.5, "precondition: random tiny models reject most drafts"
+    (line,) = unpaid_warnings(recwarn)
+    assert "speculative=8 is slower" in line
+
+    recwarn.clear()
+    shallow = tiny_model("llama", 12, vocab_size=len(tokenizer))
+    with torch.no_grad():
+        for layer in shallow.model.layers[1:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    stats = complete(Decoder(shallow, tokenizer), Static(layers=(0,)).build(12), PROMPTS,
+                     GenerationRequest(16, batch_size=2, speculative=4))[1]
+    assert stats.speculation.acceptance_rate == 1.0
+    assert not unpaid_warnings(recwarn)
+    complete(Decoder(untrained, tokenizer), Static(layers=(0,)).build(LAYERS), PROMPTS, request, advise=False)
+    assert not unpaid_warnings(recwarn), "advise=False (generate's warm-up) says nothing"
 
 
 # -- the command line -------------------------------------------------------------------------------------------------
@@ -295,6 +378,21 @@ def test_generate_speculative_writes_the_full_depth_completions_and_reports_acce
         assert report.speculation.stats.speculation.judged >= report.speculation.stats.speculation.accepted > 0
 
 
+
+def test_generate_speculative_says_once_when_its_first_batch_makes_it_slower(skip_export, tmp_path, recwarn):
+    from skiptrain.cli.app import main
+
+    prompts, draft = tmp_path / "prompts.txt", tmp_path / "draft.yaml"
+    prompts.write_text("The council met\nDescribe the weather in one sentence.\nHello\n")
+    draft.write_text("class_path: skiptrain.Static\ninit_args:\n  layers: [0]\n")
+    report = main(["generate", "--model.model", str(skip_export("llama")), "--prompts", str(prompts),
+                   "--output", str(tmp_path / "out.jsonl"), "--max_new_tokens", "12", "--batch_size", "1",
+                   "--speculative", "8", "--draft_schedule", str(draft), "--trainer.accelerator", "cpu"])
+    assert report.speculation.acceptance < 0.5, "precondition: a random model's one-layer drafts are mostly rejected"
+    (line,) = unpaid_warnings(recwarn)  # three batches, one line
+    assert line.startswith("speculative=8 is slower than full-depth decoding") and "--model.dense_loss_weight" in line
+
+
 def test_schedule_from_file_takes_an_export_json_a_family_or_a_recipe_fragment(skip_export, tmp_path):
     from skiptrain.core.schedule_files import schedule_from_file
     from skiptrain.core.schedules import ScheduleError
@@ -311,3 +409,64 @@ def test_schedule_from_file_takes_an_export_json_a_family_or_a_recipe_fragment(s
     fragment.write_text("class_path: skiptrain.Nope\n")
     with pytest.raises(ScheduleError, match=r"class_path='skiptrain.Nope' is invalid: allowed one of"):
         schedule_from_file(str(fragment), LAYERS)
+
+
+def test_the_lossless_profile_breaks_a_round_down_on_a_tiny_model():
+    from argparse import Namespace
+
+    from benchmarks.speed.lossless_profile import exact_prefix, profile_batch
+
+    model, draft = tiny_model("llama", LAYERS), DRAFTS["decaying"].build(LAYERS)
+    ids, mask = left_padded_batch(3, 5, 0)
+    args = Namespace(draft_tokens=3, context=2, padding=4, rounds=2, new_tokens=8)
+    with torch.no_grad():
+        row = profile_batch(model, draft, ids, mask, args, eos=None, pad=0)
+    assert row["cache_columns"] == 5 + 2 and row["padded"]["cache_columns"] == 5 + 2 + 4
+    assert row["draft_exact_prefix_layers"] == exact_prefix(draft, 2) < LAYERS
+    for name in ("full", "draft", "verify"):
+        sections = row["sections_ms"][name]
+        assert sections["decoder layers"] > 0 and sections["lm head"] > 0
+        assert sections["total"] >= sections["decoder layers"] + sections["lm head"]
+    assert list(row["lm_head_ms_by_rows"]) == ["1", "2", "3", "4", "6", "12"]  # up to B (K + 1) columns
+    assert 0 < row["sections_ms"]["verify"]["recomputed draft layers"] < row["sections_ms"]["verify"]["decoder layers"]
+    decode = row["decode"]
+    assert decode["tokens_generated"] == 3 * 8  # no end of sequence: every row runs to new_tokens
+    assert abs(sum(decode["share"].values()) - 1) < 0.01 and set(decode["share"]) == {
+        "prefill", "draft", "verify", "cache compaction", "loop bookkeeping"}
+    assert 0 < decode["kept_per_row_column_verified"] <= 1
+
+
+def calls_rows(steps):
+    """``steps`` with each call's kind and row count recorded in ``steps.rows_seen``."""
+    steps.rows_seen = []
+    for kind in ("prefill", "draft", "verify"):
+        call = getattr(steps, kind)
+        setattr(steps, kind, lambda input_ids, *args, kind=kind, call=call: steps.rows_seen.append(
+            (kind, len(input_ids))) or call(input_ids, *args))
+    return steps
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_row_that_ends_leaves_the_batch_and_every_row_keeps_its_full_depth_tokens(family):
+    """Through both steps (skiptrain's forward and the export's gated model): after a row ends no call brings it."""
+    model = tiny_model(family, LAYERS)
+    ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
+    free = generate_under_schedule(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS)
+    eos = int(free.tokens[1, 3])  # row 1 ends by its fourth token
+    dense = generate_under_schedule(model, ids, mask, Dense().build(LAYERS), NEW_TOKENS, eos_token_id=eos,
+                                    pad_token_id=0, return_logits=True)
+    assert int(dense.lengths.min()) < int(dense.lengths.max()), "precondition: rows end at different tokens"
+    draft = DRAFTS["decaying"].build(LAYERS)
+    layers = checked_layers(model)
+    gate = ColumnGate(ids.shape[1], range(LAYERS), [draft.executed_layers(g) for g in range(NEW_TOKENS)])
+    own = calls_rows(SkipSteps(model, draft, ids.shape[1]))
+    decoded = {own: shared.speculate(own, ids, mask, NEW_TOKENS, 3, eos, 0)}
+    gated = calls_rows(GatedSteps(model, gate))
+    with gates_installed(layers, own_forwards(layers), gate):
+        decoded[gated] = shared.speculate(gated, ids, mask, NEW_TOKENS, 3, eos, 0)
+    for steps, (tokens, lengths, stats) in decoded.items():
+        assert_full_depth_tokens(tokens, dense)
+        assert torch.equal(lengths, dense.lengths)
+        sizes = [rows for _, rows in steps.rows_seen]
+        assert sizes[0] == 3 and sizes[-1] < 3 and sizes == sorted(sizes, reverse=True), steps.rows_seen
+        assert stats.row_verifications == sum(rows for kind, rows in steps.rows_seen if kind == "verify")

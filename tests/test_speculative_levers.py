@@ -122,11 +122,13 @@ PEAKED_VOCAB = torch.tensor([0, 2, 3, 5, 6])  # leaves out tokens full depth sam
 
 
 def sampled_with_levers(model, prompt, seed):
-    """``[V, V, V]`` counts of the first three tokens of ``DRAWS`` speculative samples with both levers."""
+    """``[V, V, V]`` counts of the first three tokens of ``DRAWS`` speculative samples with both levers, and the
+    speculation counts."""
     ids = prompt.expand(DRAWS, -1)
-    out = generate_lossless(model, ids, torch.ones_like(ids), DRAFTS["one_layer"].build(LAYERS), 3, 2,
+    # 4 new tokens: the first round then drafts 2, so the threshold can stop a row after its first draft
+    out = generate_lossless(model, ids, torch.ones_like(ids), DRAFTS["one_layer"].build(LAYERS), 4, 2,
                             sampling=SamplingConfig(do_sample=True), generator=torch.Generator().manual_seed(seed),
-                            draft_vocab=PEAKED_VOCAB, draft_confidence=0.6)
+                            draft_vocab=PEAKED_VOCAB, draft_confidence=0.9)
     cells = (out.tokens[:, 0] * VOCAB + out.tokens[:, 1]) * VOCAB + out.tokens[:, 2]
     return torch.bincount(cells, minlength=VOCAB**3).view(VOCAB, VOCAB, VOCAB), out.stats
 
@@ -135,7 +137,7 @@ def residual_where_not_proposed(verified, drafted, drafts, generator=None, propo
     """A biased rule: a row that stopped proposing takes, at its first not-proposed column, a sample of the residual
     ``max(p - q, 0)`` of the draft it did not propose, instead of ``p``."""
     tokens, accepted = sampled_acceptance(verified, drafted, drafts, generator)
-    if proposed is None:
+    if proposed is None or drafts.shape[1] == 0:
         return tokens, accepted
     rows = torch.arange(len(tokens))
     stopped = (proposed < drafts.shape[1]) & (accepted >= proposed)
@@ -150,7 +152,7 @@ def residual_where_not_proposed(verified, drafted, drafts, generator=None, propo
 
 def test_sampled_tokens_with_both_levers_follow_the_full_depth_distribution_and_a_biased_rule_is_caught(monkeypatch):
     model = peaked_model()
-    prompt = torch.tensor([[5, 3, 7, 4]])
+    prompt = torch.tensor([[7, 7, 7, 7]])  # its drafts are often accepted, and often stopped at the threshold
     joint = full_depth_joint(model, prompt)
     counts, stats = sampled_with_levers(model, prompt, seed=0)
     assert stats.proposed < stats.draft_steps * DRAWS, "precondition: the threshold stops some rows"

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM
 from skiptrain.cli.app import main
 from skiptrain.cli.trainer import SkipTrainer
 from skiptrain.core.schedules import SkipDecode
-from skiptrain.modeling.architectures import decoder_parts
+from skiptrain.modeling.architectures import decoder_parts, enable_activation_checkpointing
 from skiptrain.modeling.forward import skip_hidden_states
 from skiptrain.modeling.generation import generate_under_schedule
 from skiptrain.training import strategies
@@ -100,7 +100,7 @@ def training_calls(model: torch.nn.Module, schedule, batch: int, prompt: int, co
 def test_training_step_calls_the_same_modules_in_the_same_order_on_every_rank(prompt_depth, checkpointing):
     model = tiny_model("llama", 6).train()
     if checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     schedule = rank_schedule(prompt_depth).build(6)
     rank0, lengths0 = training_calls(model, schedule, batch=2, prompt=5, continuation=3, seed=0)
     rank1, lengths1 = training_calls(model, schedule, batch=3, prompt=0 if prompt_depth == "all" else 9,

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from benchmarks.common.timing import Done, Pass, claim, compare, measure, median_interval, order, run
 
@@ -156,3 +157,37 @@ def test_the_lossless_arms_do_the_same_work_and_speculation_keeps_full_depths_ou
         comparison = row["timing"]["comparisons"][name]
         assert comparison["baseline"] == "full_depth" and len(comparison["wall"]["pair_ratios"]) == 2
     assert row["skip_schedule"]["claim_wall"] == "not shown (2 pairs)"
+
+
+@pytest.mark.parametrize("frontend", ["transformers", "both"])
+def test_the_transformers_lossless_arms_do_the_same_work_and_keep_full_depths_outputs(frontend):
+    from helpers.tiny_models import left_padded_batch, tiny_model
+
+    from benchmarks.speed.lossless import Decoding, timing
+    from skiptrain import Dense, SkipDecode, generate_under_schedule
+
+    model, dense = tiny_model("llama", 6), Dense().build(6)
+    ids, mask = left_padded_batch(batch=3, prompt_length=7, continuation=0)
+    eos = int(generate_under_schedule(model, ids, mask, dense, 8).tokens[0, 2])  # row 0 stops at its third token
+    levers = {"draft_vocab": torch.arange(0, model.config.vocab_size, 2), "draft_confidence": 0.1}
+    batches = [{"prompt_input_ids": ids[:1], "prompt_attention_mask": mask[:1]},  # ends at its third token
+               {"prompt_input_ids": ids, "prompt_attention_mask": mask}]
+    decoding = Decoding(model, batches, 8, eos, 0, levers)
+    row = timing(decoding, SkipDecode(max_layers=5, min_layers=2, decay_tokens=4).build(6), dense, [2, 3], rounds=2,
+                 warmup=0, label="", frontend=frontend)
+    works = {arm: [p["work"] for p in passes] for arm, passes in row["timing"]["passes"].items()}
+    hf = row["transformers"]
+    assert row["steps_per_batch"] == [3, 8]
+    assert hf["generated_length_per_batch"] == row["steps_per_batch"] and hf["tokens"] == row["tokens"]
+    arms = ["hf_full_depth", "hf_speculative_k2", "hf_speculative_k3"]
+    if frontend == "both":
+        arms += ["full_depth", "speculative_k2", "speculative_k3", "skip_schedule"]
+    assert works == {arm: [row["steps_per_batch"]] * 2 for arm in arms}
+    assert hf["full_depth_differing_from_skiptrain"] == 0
+    assert [one["draft_tokens"] for one in hf["speculative"]] == [2, 3]
+    assert all(one["differing_outputs"] == 0 for one in hf["speculative"] + row.get("speculative", []))
+    assert ("speculative" in row) == (frontend == "both")
+    for k in (2, 3):
+        comparison = row["timing"]["comparisons"][f"hf_speculative_k{k}"]
+        assert comparison["baseline"] == "hf_full_depth" and len(comparison["wall"]["pair_ratios"]) == 2
+    assert hf["speculative"][0]["claim_wall"] == "not shown (2 pairs)"

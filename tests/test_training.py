@@ -16,6 +16,7 @@ from helpers.interrupt import SimulatedCrash
 from skiptrain import load_exported, skip_forward
 from skiptrain.cli.app import main
 from skiptrain.cli.progress import ProgressBar
+from skiptrain.modeling.architectures import activation_checkpointing_on
 from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
 from skiptrain.training.metrics import EvaluationMetrics, generation_scores
 from skiptrain.training.module import SkipLM
@@ -156,7 +157,7 @@ def test_distillation_bf16_and_activation_checkpointing(tiny_model_dir, tmp_path
     assert logged["train/kl"] > 0, "the skip-aware student differs from its dense teacher"
     assert logged["train/loss"] > logged["train/ce"]
     base = cli.model.model.get_base_model()
-    assert base.is_activation_checkpointing
+    assert activation_checkpointing_on(base)
 
 
 def test_base_teacher_without_lora_is_refused(tiny_model_dir, tmp_path, capsys):
@@ -210,18 +211,20 @@ def test_paper_recipes_run_with_a_tiny_stand_in(recipe, tiny_model_dir, tmp_path
 STUDY = ROOT / "benchmarks" / "quality" / "e2e"
 
 
-@pytest.mark.parametrize(("fragments", "schedule", "pairs"), [
-    ([], "flat2x", 4000),
-    (["smollm2-135m_e2e_2x.yaml"], "flat2x", 4000),
-    (["smollm2-135m_e2e_3x.yaml"], "flat3x", 4000),
-    (["smollm2-135m_e2e_2k.yaml"], "flat2x", 2000),
-    (["smollm2-135m_e2e_2k.yaml", "smollm2-135m_e2e_3x.yaml"], "flat3x", 2000),
-    (["smollm2-135m_e2e_8k.yaml"], "flat2x", 8000),
-    (["smollm2-135m_e2e_8k.yaml", "smollm2-135m_e2e_3x.yaml"], "flat3x", 8000),
+@pytest.mark.parametrize(("fragments", "schedule", "pairs", "levers"), [
+    ([], "flat2x", 4000, []),
+    (["smollm2-135m_e2e_2x.yaml"], "flat2x", 4000, []),
+    (["smollm2-135m_e2e_3x.yaml"], "flat3x", 4000, []),
+    (["smollm2-135m_e2e_2k.yaml"], "flat2x", 2000, []),
+    (["smollm2-135m_e2e_2k.yaml", "smollm2-135m_e2e_3x.yaml"], "flat3x", 2000, []),
+    (["smollm2-135m_e2e_8k.yaml"], "flat2x", 8000, []),
+    (["smollm2-135m_e2e_8k.yaml", "smollm2-135m_e2e_3x.yaml"], "flat3x", 8000, []),
+    (["smollm2-135m_e2e_2k.yaml", "smollm2-135m_e2e_lossless.yaml"], "flat2x", 2000, ["joint.yaml"]),
 ])
-def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragments, schedule, pairs, tmp_path):
+def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragments, schedule, pairs, levers, tmp_path):
     """The user recipe (a seeded subset of the hub's training pairs), read from the study's local files, resolves to
-    the study row's training: the same configuration, on a subset of the same size."""
+    the study row's training: the same configuration, on a subset of the same size. The lossless fragment is the
+    study's joint-objective row, whose acceptance and exactness RESULTS reports."""
     size_levers = []
     if pairs != 2000:  # the study base trains 2,000 pairs; a lever names the larger subset (study.sh's substitution)
         lever = tmp_path / f"train{pairs // 1000}k.yaml"
@@ -232,7 +235,8 @@ def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragments, sc
                      *[arg for name in fragments for arg in ("--config", str(ROOT / "recipes/fragments" / name))]])
     study = _parse(["--config", str(STUDY / "train_base.yaml"),
                     "--config", str(STUDY.parent / "schedules" / f"{schedule}.yaml"),
-                    "--config", str(STUDY.parent / "levers/lora_all_r64.yaml"), *size_levers])
+                    "--config", str(STUDY.parent / "levers/lora_all_r64.yaml"), *size_levers,
+                    *[arg for name in levers for arg in ("--config", str(STUDY.parent / "levers" / name))]])
 
     def training(cli) -> dict:
         model = {k: v for k, v in cli.model.hparams.items() if k != "generation"}  # generation is evaluation only

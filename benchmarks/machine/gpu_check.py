@@ -1,5 +1,5 @@
 """Steps of ``benchmarks/machine/gpu_check.sh`` that need Python: model choice, consolidation, export reload, decode
-speed.
+speed, lossless speed.
 
 Every step merges its findings into one JSON file (``--results``), so a run that stops half-way still reports
 what it reached. Run through the shell script; each subcommand's ``--help`` says what it does.
@@ -67,13 +67,19 @@ def cmd_model(args: argparse.Namespace) -> None:
     print(name)
 
 
+def two_x_schedule(layers: int, decay_tokens: int = 32):
+    """The SkipDecode family of the check: an ideal 2x decode speedup for ``layers`` decoder layers."""
+    from skiptrain import skipdecode_for_speedup
+
+    return skipdecode_for_speedup(layers, 2.0, decay_tokens=decay_tokens)
+
+
 def cmd_schedule(args: argparse.Namespace) -> None:
     """Print the CLI arguments of a 2x SkipDecode schedule for the model's layer count."""
-    from skiptrain import skipdecode_for_speedup
     from skiptrain.modeling.loading import load_config
 
     layers = load_config(args.model).num_hidden_layers
-    family = skipdecode_for_speedup(layers, 2.0, decay_tokens=args.decay_tokens)
+    family = two_x_schedule(layers, args.decay_tokens)
     schedule = family.build(layers)
     record(args.results, "schedule", {"num_layers": layers, "max_layers": family.max_layers,
                                       "min_layers": family.min_layers, "decay_tokens": family.decay_tokens,
@@ -193,6 +199,90 @@ def cmd_bench(args: argparse.Namespace) -> None:
     record(args.results, "export_reload_generation", found)
 
 
+LOSSLESS_SOURCES = [f"name[{name}], eatType[{kind}], food[{food}], area[{area}]"
+                    for name in ("The Eagle", "Zizzi", "Aromi", "The Mill") for kind in ("pub", "coffee shop")
+                    for food in ("French", "Italian") for area in ("riverside", "city centre")]
+"""32 E2E-style meaning representations: the prompts of the lossless rows (batch 32 takes them all)."""
+
+
+def lossless_row(model, pad: int, draft, ids: torch.Tensor, mask: torch.Tensor, args: argparse.Namespace
+                 ) -> dict[str, Any]:
+    """One batch's lossless row: full depth and speculative decoding of ``ids`` for the same tokens, in the timing
+    protocol's rounds (:mod:`benchmarks.common.timing`; each pass's work is its token count, equal by construction)."""
+    from benchmarks.common.timing import median_wall, run
+    from skiptrain import Dense, generate_under_schedule
+    from skiptrain.frontends.speculative import generate_lossless
+    from skiptrain.shipped.speculate import speedup_bound
+
+    dense, k, new_tokens = Dense().build(draft.num_layers), args.draft_tokens, args.new_tokens
+    outputs: dict[str, list[list[int]]] = {}
+    speculative = []
+
+    def full_depth() -> int:  # host values: the device's work is done when the pass ends
+        outputs["full_depth"] = generate_under_schedule(model, ids, mask, dense, new_tokens, pad_token_id=pad
+                                                        ).tokens.tolist()
+        return sum(map(len, outputs["full_depth"]))
+
+    def drafted() -> int:
+        speculative.append(generate_lossless(model, ids, mask, draft, new_tokens, k, pad_token_id=pad))
+        outputs["speculative"] = speculative[-1].tokens.tolist()
+        return sum(map(len, outputs["speculative"]))
+
+    timing = run({"full_depth": full_depth, "speculative": drafted}, args.rounds, args.warmup,
+                 label=f"batch {len(ids)}: ")
+    report = timing.report({"speculative": ("full_depth", "speculative")})
+    out = speculative[-1]
+    dense_step = median_wall(timing.passes["full_depth"]) / new_tokens  # prefill included
+    draft_step = out.seconds.draft / out.stats.draft_steps if out.stats.draft_steps else 0.0
+    a = out.stats.acceptance_rate
+    return {
+        "batch": len(ids), "tokens_per_pass": len(ids) * new_tokens,
+        "claim_wall": report["comparisons"]["speculative"]["claim_wall"],
+        "differing_rows": sum(x != y for x, y in zip(outputs["full_depth"], outputs["speculative"], strict=True)),
+        "acceptance": round(a, 4), "tokens_per_verification": round(out.stats.tokens_per_verification, 3),
+        "draft_step_over_full_depth_step": round(draft_step / dense_step, 4),
+        "bound": round(speedup_bound(a, k, draft_step / dense_step), 3),
+        "timing": report,
+    }
+
+
+def cmd_lossless(args: argparse.Namespace) -> None:
+    """Lossless mode against full depth at each batch size: interleaved pairs of full-depth greedy decoding and
+    speculative decoding (``--draft-tokens`` K) of the same prompts for the same tokens (no end-of-sequence stop)."""
+    from skiptrain.export.format import is_export
+    from skiptrain.export.load import load_exported
+    from skiptrain.frontends.decode import Decoder
+    from skiptrain.frontends.prompts import RAW
+    from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
+
+    dtype = getattr(torch, args.dtype)
+    if is_export(args.model):  # a carried (joint-trained) export drafts under its own schedule
+        exported = load_exported(args.model, dtype=dtype)
+        model, draft, tokenizer = exported
+        prompt_format, drafted_by = exported.record.prompt_format or RAW, "the export's schedule"
+    else:  # the base model drafts under the check's 2x schedule
+        model, tokenizer = load_causal_lm(args.model, dtype=dtype).eval(), load_tokenizer(args.model)
+        draft = two_x_schedule(model.config.num_hidden_layers).build(model.config.num_hidden_layers)
+        prompt_format, drafted_by = RAW, "the 2x SkipDecode schedule (base model, not trained for it)"
+    decoder = Decoder(model.to(args.device), tokenizer, prompt_format, args.device)
+    sources = LOSSLESS_SOURCES if prompt_format is not RAW else [
+        f"Describe the restaurant in one sentence. {mr} Sentence:" for mr in LOSSLESS_SOURCES]
+    rows = []
+    for batch in args.batches:
+        ids, mask = next(decoder.batches(sources[:batch], batch))
+        rows.append(lossless_row(model, tokenizer.pad_token_id, draft, ids, mask, args))
+        print(f"batch {batch}: speculative K={args.draft_tokens} over full depth {rows[-1]['claim_wall']}, acceptance "
+              f"{rows[-1]['acceptance']:.2f}, bound {rows[-1]['bound']:.2f}x", file=sys.stderr, flush=True)
+    record(args.results, "lossless", {
+        "model": args.model, "draft": drafted_by, "draft_schedule": draft.family, "draft_tokens": args.draft_tokens,
+        "draft_mean_layers_per_token": round(draft.mean_layers_per_token(args.new_tokens), 3), "dtype": args.dtype,
+        "device": args.device, "new_tokens": args.new_tokens, "rounds": args.rounds, "warmup": args.warmup,
+        "timing": "the timing protocol (benchmarks/common/timing.py) per batch: full depth and speculative in rotated "
+                  "rounds, the median per-round wall-time ratio with its interval; no end-of-sequence stop, so "
+                  "both arms decode the same tokens",
+        "rows": rows,
+    })
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results", type=Path, required=True, help="JSON file the findings are merged into")
@@ -214,9 +304,18 @@ def main() -> None:
     bench.add_argument("--batch", type=int, default=8)
     bench.add_argument("--new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3)
+    lossless = sub.add_parser("lossless", help=cmd_lossless.__doc__)
+    lossless.add_argument("--model", required=True, help="an export (drafts under its schedule) or a base model")
+    lossless.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    lossless.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    lossless.add_argument("--batches", type=lambda text: [int(b) for b in text.split(",")], default=[1, 8, 32])
+    lossless.add_argument("--draft-tokens", type=int, default=4)
+    lossless.add_argument("--new-tokens", type=int, default=64)
+    lossless.add_argument("--rounds", type=int, default=5, help="timed interleaved rounds (pairs)")
+    lossless.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
     {"environment": cmd_environment, "model": cmd_model, "schedule": cmd_schedule, "consolidate": cmd_consolidate,
-     "bench": cmd_bench}[args.command](args)
+     "bench": cmd_bench, "lossless": cmd_lossless}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,11 @@
 #      transformers (dense logits must agree), and time KV-cached skip-aware vs dense decoding (tokens/s).
 #   4. the side-by-side decode benchmark (benchmarks/speed/frontends.py: transformers and skiptrain, dense and 2x,
 #      the 2x through the export's custom_generate too) in bf16 at batch 1, 8 and 32: $OUT/frontends_gpu.json.
+#   5. the lossless rows: full-depth greedy decoding against --speculative $LOSSLESS_K of the same prompts and tokens,
+#      in bf16 at batch 1, 8 and 32, 5 rounds each after a warm-up in the timing protocol (benchmarks/common/timing.py:
+#      median ratio with its interval, every pass kept), with acceptance, the draft's cost and the bound; under
+#      "lossless" in gpu_check.json. The draft is LOSSLESS_EXPORT's own schedule when a (joint-trained) export is
+#      carried, else the 2x schedule on the base model.
 #
 # Results: $OUT/gpu_check.json and $OUT/gpu_check.log where OUT is set, else benchmarks/results/.
 #
@@ -25,7 +30,9 @@
 #
 # Knobs (environment): STEPS (40), BATCH (8), GPU_CHECK_ACCELERATOR (gpu), PRECISION (bf16-mixed), FRONTENDS_DTYPE
 # (bfloat16) and FRONTENDS_ARGS (extra bench_frontends.py options; a dry run: "--layers 2 --new-tokens 8 --rounds 1"),
-# ZERO3_STRATEGY / FSDP_STRATEGY (JSON class_path objects), GPU_CHECK_WORK (/tmp/skiptrain_gpu_check). A CPU dry
+# ZERO3_STRATEGY / FSDP_STRATEGY (JSON class_path objects), GPU_CHECK_WORK (/tmp/skiptrain_gpu_check),
+# LOSSLESS_EXPORT (an export to time the lossless rows with; default the base model), LOSSLESS_K (4) and
+# LOSSLESS_ARGS (extra gpu_check.py lossless options; a dry run: "--new-tokens 8 --rounds 1 --batches 1,2"). A CPU dry
 # run of the whole script on a tiny model: GPU_CHECK_MODEL=<tiny model dir> GPU_CHECK_ACCELERATOR=cpu
 # PRECISION=32-true STEPS=4 BATCH=2 PYTHONPATH=tests ZERO3_STRATEGY='{"class_path":
 # "helpers.cpu_strategies.CPUDeepSpeedStrategy", "init_args": {"stage": 3}}' bash benchmarks/machine/gpu_check.sh
@@ -143,6 +150,10 @@ step "reload the export; skip-aware vs dense decoding"
 step "side by side: transformers and skiptrain, dense and 2x ($FRONTENDS_DTYPE, batch 1, 8 and 32)"
 "$PY" -m benchmarks.speed.frontends --device "$DEVICE" --dtype "$FRONTENDS_DTYPE" --batches 1,8,32 \
     ${FRONTENDS_ARGS:-} --out "$RESULTS_DIR/frontends_gpu.json"
+
+step "lossless: full depth vs --speculative ${LOSSLESS_K:-4} (batch 1, 8 and 32, interleaved rounds)"
+"$PY" -m benchmarks.machine.gpu_check --results "$RESULTS" lossless --model "${LOSSLESS_EXPORT:-$MODEL}" \
+    --device "$DEVICE" --dtype bfloat16 --batches 1,8,32 --draft-tokens "${LOSSLESS_K:-4}" ${LOSSLESS_ARGS:-}
 
 step "done in $((SECONDS - started)) s: $RESULTS"
 cat "$RESULTS"

@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
 import torch
 
+from benchmarks.common.custom_generate import export_generate
 from benchmarks.common.timing import median_wall, run
 from benchmarks.speed.core import smollm2_shaped_model
 from skiptrain import Dense, generate_under_schedule, skipdecode_for_speedup
 from skiptrain.core.speedup import parameter_read_speedup
-from skiptrain.export.write import write_custom_generate
 from skiptrain.frontends.speed import parameter_counts
 
 FRONTENDS = ("hf_dense", "skiptrain_dense", "skiptrain_skip", "hf_skip")
@@ -64,12 +63,8 @@ def main() -> None:
     skip = skipdecode_for_speedup(num_layers, 2.0, decay_tokens=args.new_tokens,
                                   generation_length=args.new_tokens).build(num_layers)
     dense = Dense().build(num_layers)
-    model.config.skip_schedule = skip.to_dict()  # the config.json mirror the custom generate reads
     model.generation_config.eos_token_id = None  # every row decodes --new-tokens tokens
-    with tempfile.TemporaryDirectory() as export:
-        model.config.save_pretrained(export)
-        write_custom_generate(export)
-        hf_skip_generate = model.load_custom_generate(export, trust_remote_code=True)
+    hf_skip_generate = export_generate(model, skip)
 
     def decode(frontend: str, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
         mask = torch.ones_like(ids)

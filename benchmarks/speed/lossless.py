@@ -6,6 +6,8 @@
         --draft-schedule S.yaml --batch 1 8 --mrs 16 --draft-tokens 2 4 6 --out ...
     python -m benchmarks.speed.lossless timing --draft-schedule benchmarks/quality/schedules/flat2x.yaml --batch 1 2 \
         --mrs 2 --new-tokens 4 --rounds 1 --out runs/lossless_smoke.json  # a smoke run of the base model
+    OMP_NUM_THREADS=1 taskset -c 0 python -m benchmarks.speed.lossless timing --checkpoint CKPT \
+        --draft-schedule S.yaml --batch 1 8 --mrs 16 --draft-tokens 2 4 6 --frontend both --out ...
 
 ``exactness`` decodes the MRs of ``--data`` greedily at full depth (``generate`` with every layer) and with
 speculative decoding at the same batch size, and counts the outputs that differ; a difference is a near-tie when
@@ -22,8 +24,21 @@ many steps as full depth took there, without stopping (its outputs differ, its s
 fingerprint is each batch's step count; speculative outputs that differ from full depth's are counted. No arm
 collects anything the others do not. ``--batch`` takes several sizes: one row each.
 
+``--frontend transformers`` runs instead the same through plain transformers, and ``--frontend both`` runs both
+sets of arms in the same rounds: ``hf_full_depth`` (transformers' own ``model.generate``, greedy, every layer) and
+``hf_speculative_kK`` (``generate(..., speculative_tokens=K)`` through an export's ``custom_generate/`` code under
+the draft schedule, loaded by transformers as ``generate(custom_generate=...)`` loads it:
+:func:`benchmarks.common.custom_generate.export_generate`). Each ``hf_speculative_kK`` is compared against
+``hf_full_depth``, and its outputs that differ from ``hf_full_depth``'s are counted; the work fingerprint is each
+batch's generated length (both stop at end of sequence). The results are the batch row's ``"transformers"``; they
+have no acceptance (the export's ``generate`` returns the sequences only, as transformers' does), and
+``full_depth_differing_from_skiptrain`` counts the outputs of ``hf_full_depth`` that differ from skiptrain's full
+depth.
+
 ``--draft-vocab FILE`` (a JSON list of token ids: the draft's pruned LM head) and ``--draft-confidence X`` (adaptive
-draft length) are passed to :func:`~skiptrain.frontends.speculative.generate_lossless` only when given.
+draft length) are passed to :func:`~skiptrain.frontends.speculative.generate_lossless` only when given, and to the
+export's ``generate`` (as ``draft_vocab`` and ``draft_confidence``; without ``--draft-vocab``, ``draft_vocab=False``:
+the whole vocabulary, as skiptrain's arms).
 """
 
 from __future__ import annotations
@@ -35,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.custom_generate import export_generate
 from benchmarks.common.machine import describe
 from benchmarks.common.study import load_model, study_config, test_prompts
 from benchmarks.common.timing import median_wall, run
@@ -93,6 +109,41 @@ class Decoding:
         return probe["seconds"]["verify"] / probe["stats"].verifications
 
 
+class TransformersDecoding:
+    """A :class:`Decoding`'s batches through transformers: ``model.generate`` (greedy, every layer) and the export's
+    ``custom_generate`` with ``speculative_tokens=K`` under the draft schedule, with the same draft levers."""
+
+    def __init__(self, decoding: Decoding, draft) -> None:
+        self.decoding = decoding
+        self.export_generate = export_generate(decoding.model, draft)
+        self.levers = {"draft_vocab": False, **decoding.levers}  # False: the whole vocabulary, not a recorded one
+
+    def full_depth(self) -> dict:
+        """Outputs (token lists, up to their end of sequence) and each batch's generated length."""
+        return self._decode(self.decoding.model.generate, {})
+
+    def speculative(self, draft_tokens: int) -> dict:
+        """As :meth:`full_depth`, drafted ``draft_tokens`` tokens per verification."""
+        return self._decode(self.export_generate, {"model": self.decoding.model, "speculative_tokens": draft_tokens,
+                                                   **self.levers})
+
+    def _decode(self, generate, options: dict) -> dict:
+        own, outputs, lengths = self.decoding, [], []
+        for batch in own.batches:
+            prompt = batch["prompt_input_ids"]
+            generated = generate(input_ids=prompt, attention_mask=batch["prompt_attention_mask"], do_sample=False,
+                                 max_new_tokens=own.new_tokens, eos_token_id=own.eos, pad_token_id=own.pad,
+                                 **options)[:, prompt.shape[1]:]
+            outputs += [until_end(row, own.eos) for row in generated.tolist()]
+            lengths.append(generated.shape[1])
+        return {"outputs": outputs, "steps": lengths}
+
+
+def until_end(tokens: list[int], eos: int | None) -> list[int]:
+    """``tokens`` up to their first end-of-sequence token, included (the padding after it dropped)."""
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
 def speculation_summary(runs: list[dict], draft_tokens: int, dense_step_s: float) -> dict:
     """Acceptance, tokens per verification, the draft's and verification's cost per full-depth step, and the bound
     S, over the speculative ``runs`` together."""
@@ -101,14 +152,15 @@ def speculation_summary(runs: list[dict], draft_tokens: int, dense_step_s: float
         stats = stats.add(one["stats"])
         seconds = {name: spent + one["seconds"][name] for name, spent in seconds.items()}
     c = seconds["draft"] / stats.draft_steps / dense_step_s if stats.draft_steps else 0.0
+    v = seconds["verify"] / stats.verifications / dense_step_s
     return {
         "draft_tokens": draft_tokens,
         "acceptance": stats.acceptance_rate,
         "accepted": stats.accepted, "judged": stats.judged,
         "tokens_per_verification": stats.tokens_per_verification,
         "draft_cost_c": c,
-        "verify_cost": seconds["verify"] / stats.verifications / dense_step_s,
-        "bound": speedup_bound(stats.acceptance_rate, draft_tokens, c),
+        "verify_cost": v,
+        "bound": speedup_bound(stats.acceptance_rate, draft_tokens, c, v),
     }
 
 
@@ -137,8 +189,9 @@ def exactness(decoding: Decoding, draft, dense, draft_tokens: list[int]) -> dict
     return {"tokens": sum(map(len, reference["outputs"])), "speculative": rows}
 
 
-def timing(decoding: Decoding, draft, dense, draft_tokens: list[int], rounds: int, warmup: int, label: str) -> dict:
-    """The arms full depth, speculative per K and the plain skip schedule in the protocol's rounds (see above)."""
+def timing(decoding: Decoding, draft, dense, draft_tokens: list[int], rounds: int, warmup: int, label: str,
+           frontend: str = "skiptrain") -> dict:
+    """The arms of ``frontend`` (see above) in the protocol's rounds, all of them in the same rounds."""
     reference = decoding.plain(dense)
     kept: dict[str, list[dict]] = {}
 
@@ -146,20 +199,28 @@ def timing(decoding: Decoding, draft, dense, draft_tokens: list[int], rounds: in
         def one_pass() -> list[int]:
             done = decode()
             kept.setdefault(name, []).append(done)
-            return done["steps"]  # the work: each batch's step count
+            return done["steps"]  # the work: each batch's step count (transformers: its generated length)
         return one_pass
 
-    arms = {"full_depth": arm("full_depth", lambda: decoding.plain(dense))}
-    arms |= {f"speculative_k{k}": arm(f"speculative_k{k}", lambda k=k: decoding.speculative(draft, k))
-             for k in draft_tokens}
-    arms["skip_schedule"] = arm("skip_schedule", lambda: decoding.plain(draft, columns=reference["steps"]))
+    arms, comparisons = {}, {}
+    if frontend in ("skiptrain", "both"):
+        arms["full_depth"] = arm("full_depth", lambda: decoding.plain(dense))
+        arms |= {f"speculative_k{k}": arm(f"speculative_k{k}", lambda k=k: decoding.speculative(draft, k))
+                 for k in draft_tokens}
+        arms["skip_schedule"] = arm("skip_schedule", lambda: decoding.plain(draft, columns=reference["steps"]))
+        comparisons |= {name: ("full_depth", name) for name in arms if name != "full_depth"}
+    if frontend in ("transformers", "both"):
+        hf = TransformersDecoding(decoding, draft)
+        arms["hf_full_depth"] = arm("hf_full_depth", hf.full_depth)
+        for k in draft_tokens:
+            arms[f"hf_speculative_k{k}"] = arm(f"hf_speculative_k{k}", lambda k=k: hf.speculative(k))
+            comparisons[f"hf_speculative_k{k}"] = ("hf_full_depth", f"hf_speculative_k{k}")
     timed = run(arms, rounds, warmup, label=label)
     kept = {name: passes[-rounds:] for name, passes in kept.items()}  # the timed passes only
-    report = timed.report({name: ("full_depth", name) for name in arms if name != "full_depth"})
-    step = decoding.dense_step_seconds(dense)
+    report = timed.report(comparisons)
     tokens = sum(map(len, reference["outputs"]))
 
-    def speed(name: str) -> dict:
+    def speed(name: str, tokens: int) -> dict:
         comparison = report["comparisons"][name]
         if "refused" in comparison:
             return {"speedup": None, "claim_wall": "refused", "claim_cpu": "refused"}
@@ -168,16 +229,32 @@ def timing(decoding: Decoding, draft, dense, draft_tokens: list[int], rounds: in
                 "speedup_cpu": cpu["median"] if cpu else None,
                 "claim_wall": comparison["claim_wall"], "claim_cpu": comparison["claim_cpu"]}
 
-    speculative = []
-    for k in draft_tokens:
-        name = f"speculative_k{k}"
-        row = {**speculation_summary(kept[name], k, step), **speed(name),
-               "differing_outputs": max(len(differing(p["outputs"], reference["outputs"])) for p in kept[name])}
-        row["speedup_over_bound"] = row["speedup"] / row["bound"] if row["speedup"] else None
-        speculative.append(row)
-    return {"tokens": tokens, "steps_per_batch": reference["steps"],
-            "full_depth_tokens_per_s": tokens / median_wall(timed.passes["full_depth"]),
-            "speculative": speculative, "skip_schedule": speed("skip_schedule"), "timing": report}
+    def differing_outputs(name: str, outputs: list[list[int]]) -> int:
+        return max(len(differing(p["outputs"], outputs)) for p in kept[name])
+
+    row: dict = {"tokens": tokens, "steps_per_batch": reference["steps"]}
+    if "full_depth" in arms:
+        step = decoding.dense_step_seconds(dense)
+        speculative = []
+        for k in draft_tokens:
+            name = f"speculative_k{k}"
+            one = {**speculation_summary(kept[name], k, step), **speed(name, tokens),
+                   "differing_outputs": differing_outputs(name, reference["outputs"])}
+            one["speedup_over_bound"] = one["speedup"] / one["bound"] if one["speedup"] else None
+            speculative.append(one)
+        row |= {"full_depth_tokens_per_s": tokens / median_wall(timed.passes["full_depth"]),
+                "speculative": speculative, "skip_schedule": speed("skip_schedule", tokens)}
+    if "hf_full_depth" in arms:
+        hf_reference = kept["hf_full_depth"][0]
+        hf_tokens = sum(map(len, hf_reference["outputs"]))
+        row["transformers"] = {
+            "tokens": hf_tokens, "generated_length_per_batch": hf_reference["steps"],
+            "full_depth_tokens_per_s": hf_tokens / median_wall(timed.passes["hf_full_depth"]),
+            "full_depth_differing_from_skiptrain": differing_outputs("hf_full_depth", reference["outputs"]),
+            "speculative": [{"draft_tokens": k, **speed(f"hf_speculative_k{k}", hf_tokens),
+                             "differing_outputs": differing_outputs(f"hf_speculative_k{k}", hf_reference["outputs"])}
+                            for k in draft_tokens]}
+    return row | {"timing": report}
 
 
 def main() -> None:
@@ -195,9 +272,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="timing: untimed rounds first")
     parser.add_argument("--draft-vocab", type=Path, default=None, help="JSON list of the draft head's token ids")
     parser.add_argument("--draft-confidence", type=float, default=None, help="stop a row's draft below this")
+    parser.add_argument("--frontend", choices=["skiptrain", "transformers", "both"], default="skiptrain",
+                        help="timing: skiptrain's arms, transformers' (generate, custom_generate) or both")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.mode == "exactness" and args.frontend != "skiptrain":
+        parser.error(f"--frontend {args.frontend} is invalid with exactness: allowed skiptrain (the default)")
+    if args.frontend != "skiptrain" and min(args.draft_tokens) < 1:  # K = 0 there is the lossy schedule's generate
+        parser.error(f"--draft-tokens {min(args.draft_tokens)} is invalid with --frontend {args.frontend}: "
+                     "allowed K >= 1")
     torch.set_num_threads(args.threads)
 
     cli = study_config([args.config, str(args.draft_schedule)], args.data)
@@ -220,7 +304,8 @@ def main() -> None:
         "precision": "fp32", "threads": args.threads, "checkpoint": args.checkpoint or "base (no fine-tuning)",
         "draft_schedule": {"file": str(args.draft_schedule), "family": draft.family, "params": draft.params,
                            "mean_layers_per_token": draft.mean_layers_per_token()},
-        "levers": recorded, "data": args.data, "mrs": len(prompts), "new_tokens": args.new_tokens, "batches": {},
+        "levers": recorded, "frontend": args.frontend, "data": args.data, "mrs": len(prompts),
+        "new_tokens": args.new_tokens, "batches": {},
     }
     for batch in args.batch:
         batches = list(prompt_batches(tokenizer, prompts, batch))
@@ -228,7 +313,8 @@ def main() -> None:
         if args.mode == "exactness":
             row = exactness(decoding, draft, dense, args.draft_tokens)
         else:
-            row = timing(decoding, draft, dense, args.draft_tokens, args.rounds, args.warmup, f"batch {batch} ")
+            row = timing(decoding, draft, dense, args.draft_tokens, args.rounds, args.warmup, f"batch {batch} ",
+                         args.frontend)
         result["batches"][str(batch)] = row
         print(f"batch {batch}", json.dumps({k: v for k, v in row.items() if k != "timing"}, indent=1), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,6 @@ from skiptrain.frontends.decode import Decoder
 from skiptrain.frontends.inference import prepare_prompts, run_request
 from skiptrain.frontends.prompts import STDIO, LongPrompts, chosen_prompt_format
 from skiptrain.frontends.request import DEFAULT_MAX_NEW_TOKENS, GenerationRequest
-from skiptrain.frontends.speculative import check_full_attention
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length, load_tokenizer
 from skiptrain.modeling.precision import compute_dtype
@@ -227,7 +226,6 @@ def main(args: Sequence[str]) -> Any:
     device, context, dtype = placement_for(config.trainer.accelerator, config.trainer.precision)
     export = _local(config.model.model)
     model_config = export_config(export)  # a missing or broken export is refused here, by name, before its weights
-    check_full_attention(request.speculative, model_config)
     draft = request.draft_schedule and schedule_from_file(request.draft_schedule, model_config.num_hidden_layers,
                                                           "draft_schedule")
     record = read_record(export)

@@ -49,7 +49,6 @@ from skiptrain.frontends.decode import Decoder
 from skiptrain.frontends.inference import prepare_prompts, run_request
 from skiptrain.frontends.prompts import STDIO, LongPrompts, check_batch_size, chosen_prompt_format, read_prompts
 from skiptrain.frontends.request import GenerationRequest
-from skiptrain.frontends.speculative import check_full_attention
 from skiptrain.frontends.speed import GenerationReport
 from skiptrain.modeling.generation import SamplingConfig
 from skiptrain.modeling.loading import context_length
@@ -178,7 +177,6 @@ class SkipTrainer(L.Trainer):
             raw_prompts=raw_prompts, prompts=prompts, prompt=prompt,
             stop=tuple(stop or ()), output=output)
         config = _model_config(model)
-        check_full_attention(request.speculative, config)
         request = request.with_draft_vocab(config.vocab_size)
         draft = request.draft_schedule and \
             schedule_from_file(request.draft_schedule, config.num_hidden_layers, "draft_schedule")  # before loading

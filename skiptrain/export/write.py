@@ -38,6 +38,7 @@ from skiptrain.export.format import (
 )
 from skiptrain.export.record import ExportRecord, producer
 from skiptrain.export.verify import check_exported_adapter, verify_export
+from skiptrain.modeling.architectures import attention_for
 from skiptrain.modeling.quantization import is_quantized, merge_into_dequantized
 from skiptrain.shipped.draft_head import DRAFT_VOCAB_FILE
 
@@ -77,6 +78,11 @@ def _write_record(directory: Path, record: ExportRecord, adapter_only: bool) -> 
         path = directory / CONFIG_FILE
         config = json.loads(path.read_text())
         config[CONFIG_KEY] = json.loads(text)
+        # an architecture that runs under one attention only (Gemma 2: eager) names it, so that plain transformers
+        # loads it so on every supported release (before 5.21 it ran Gemma 2 under sdpa, without soft-capping)
+        attention = attention_for(config.get("model_type", ""), "sdpa")
+        if attention != "sdpa":
+            config["attn_implementation"] = attention
         path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         write_custom_generate(directory)
     (directory / TRAINING_CONFIG_FILE).write_text(record.training_config or UNRECORDED_TRAINING_CONFIG)

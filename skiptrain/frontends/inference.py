@@ -38,7 +38,7 @@ def generate_report(
     """
     used = Dense().build(schedule.num_layers) if request.dense else schedule
     warm_up = dataclasses.replace(request, max_new_tokens=WARM_UP_TOKENS, speculative=min(request.speculative, 1))
-    complete(decoder, used, prompts[:1], warm_up)
+    complete(decoder, used, prompts[:1], warm_up, advise=False)
     completions, stats = complete(decoder, used, prompts, request, streamer=streamer)
     if not request.speculative:
         comparison = compare_speed(decoder, schedule, prompts, request) if request.compare_dense else None

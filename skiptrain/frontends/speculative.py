@@ -10,8 +10,10 @@ One KV cache serves draft and verification. A draft column writes keys and value
 those of every layer above the first it skips differ from the full-depth ones (a skipped layer changes the hidden
 states of every layer after it), so before verification every layer is cut back to the columns verified before
 (:func:`~skiptrain.shipped.speculate.crop_cache`), and after it every layer holds full-depth keys and values for
-every column. Each row keeps its own accepted tokens; its rejected columns stay in the cache as padding (attention
-mask 0), so rows never wait for each other.
+every column. Each row keeps its own accepted tokens; its rejected columns become padding (attention mask 0), moved
+before its tokens in every layer (:func:`~skiptrain.shipped.cache.compact_cache`), so rows never wait for each other
+and a sliding attention window, counted in columns, covers a row's last tokens as in full-depth decoding (Gemma 2
+and 3, Mistral and Qwen with a window).
 """
 
 from __future__ import annotations
@@ -22,15 +24,15 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PretrainedConfig
 
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.errors import UsageError
 from skiptrain.modeling.architectures import DecoderParts, decoder_parts
 from skiptrain.modeling.forward import skip_hidden_states
 from skiptrain.modeling.generation import GenerationOutput, SamplingConfig
+from skiptrain.shipped.cache import full_length_cache
 from skiptrain.shipped.draft_head import DraftHead, draft_confidence_problem, draft_vocab_problem
-from skiptrain.shipped.speculate import SpeculationStats, crop_cache, sliding_window_of, speculate
+from skiptrain.shipped.speculate import SpeculationStats, crop_cache, speculate
 
 
 @dataclass
@@ -87,7 +89,7 @@ class SkipSteps:
         self.draft_schedule, self.dense = draft, Dense().build(self.parts.num_layers)
         self._drafts: dict[tuple[int, ...], SkipSchedule] = {}
         self.prompt_length = prompt_length
-        self.cache = DynamicCache(config=self.parts.model.config)
+        self.cache = full_length_cache(self.parts.model.config)
         self.seconds = StepSeconds()
         self._synchronize = torch.cuda.synchronize if next(model.parameters()).is_cuda else (lambda: None)
 
@@ -148,18 +150,6 @@ def check_draft_levers(draft_vocab: torch.Tensor | None, draft_confidence: float
         raise UsageError(f"draft_vocab={shown} is invalid: {problem}")
 
 
-def check_full_attention(draft_tokens: int, config: PretrainedConfig) -> None:
-    """Refuse speculative decoding (``draft_tokens`` >= 1) of a model whose ``config`` has sliding-window attention.
-
-    Raises:
-        UsageError: naming ``speculative`` and the window.
-    """
-    window = sliding_window_of(config)
-    if draft_tokens and window is not None:
-        raise UsageError(f"speculative={draft_tokens} is invalid for sliding-window attention (sliding_window="
-                         f"{window}): allowed full-attention models; decode with speculative=0")
-
-
 def check_speculative_sampling(sampling: SamplingConfig) -> None:
     """Refuse ``sampling.block_repeated_ngrams`` for speculative decoding: its drafts and verification apply only
     the warpers that read no sequence."""
@@ -196,18 +186,16 @@ def generate_lossless(
     differently from a one-column one); sampled tokens follow its distribution.
 
     Raises:
-        UsageError: for ``max_new_tokens < 1``, ``draft_tokens`` outside ``[0, max_new_tokens]``, a model with
-            sliding-window attention (:func:`~skiptrain.shipped.speculate.sliding_window_of`), or
-            ``synced=True``: the number of forward calls depends on what each rank accepts, so ranks of ZeRO-3 or
-            FSDP would not call their layers in lockstep; or ``sampling.block_repeated_ngrams`` (the verification
-            applies only warpers that read no sequence); or a ``draft_vocab`` that is not distinct ids of the
-            vocabulary, or ``draft_confidence`` outside ``[0, 1)``.
+        UsageError: for ``max_new_tokens < 1``, ``draft_tokens`` outside ``[0, max_new_tokens]``, ``synced=True``
+            (the number of forward calls depends on what each rank accepts, so ranks of ZeRO-3 or FSDP would not
+            call their layers in lockstep), ``sampling.block_repeated_ngrams`` (the verification applies only
+            warpers that read no sequence), a ``draft_vocab`` that is not distinct ids of the vocabulary, or
+            ``draft_confidence`` outside ``[0, 1)``.
     """
     if max_new_tokens < 1:
         raise UsageError(f"max_new_tokens={max_new_tokens} is invalid: allowed >= 1")
     check_draft_tokens(draft_tokens, max_new_tokens)
     parts = decoder_parts(model)
-    check_full_attention(draft_tokens, parts.model.config)
     check_draft_levers(draft_vocab, draft_confidence, parts.lm_head.weight.shape[0])
     if synced:
         raise UsageError("synced=True is invalid with speculative decoding: its forward calls depend on what each "

@@ -16,16 +16,12 @@ from torch import nn
 
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.core.speedup import cost_summary, parameter_read_speedup
-from skiptrain.frontends.decode import Decoder, DecodeStats, complete
+from skiptrain.frontends.decode import Decoder, DecodeStats, complete, full_depth_step_seconds
 from skiptrain.frontends.prompts import Completion
 from skiptrain.frontends.request import GenerationRequest
-from skiptrain.frontends.speculative import generate_lossless
 from skiptrain.modeling.architectures import decoder_parts
 from skiptrain.shipped.prompt_format import PromptSource
 from skiptrain.shipped.speculate import speedup_bound
-
-DENSE_STEP_TOKENS = 16
-"""Full-depth steps timed to measure a draft step's relative cost (``--speculative``)."""
 
 
 def parameter_counts(model: nn.Module) -> tuple[list[int], int]:
@@ -112,8 +108,9 @@ class SpeculationReport:
 
     @property
     def bound(self) -> float:
-        """The speedup the measured acceptance and draft cost allow (:func:`speedup_bound`)."""
-        return speedup_bound(self.acceptance, self.draft_tokens, self.draft_cost)
+        """The speedup the measured acceptance, draft cost and verification cost allow (:func:`speedup_bound`)."""
+        verify_cost = self.verify_cost if self.stats.speculation.verifications else 1.0  # none ran: the default
+        return speedup_bound(self.acceptance, self.draft_tokens, self.draft_cost, verify_cost)
 
     @property
     def measured_speedup(self) -> float | None:
@@ -159,18 +156,10 @@ class GenerationReport:
 
 
 def dense_step_seconds(decoder: Decoder, prompts: Sequence[PromptSource], request: GenerationRequest) -> float:
-    """Wall time of one full-depth decode step over the first batch of ``prompts`` (end-of-sequence ignored), at
-    most :data:`DENSE_STEP_TOKENS` steps timed.
-
-    Timed as speculative decoding without drafts, whose every verification is one full-depth column.
-    """
-    ids, mask = next(decoder.batches(prompts, request.batch_size))
-    steps = max(min(request.max_new_tokens, DENSE_STEP_TOKENS), 2)
-    with decoder.context():
-        out = generate_lossless(decoder.model, ids, mask, Dense().build(decoder_parts(decoder.model).num_layers),
-                                steps, 0, request.sampling, None, decoder.tokenizer.pad_token_id)
-    return out.seconds.verify / out.stats.verifications
+    """Wall time of one full-depth decode step over the first batch of ``prompts``
+    (:func:`~skiptrain.frontends.decode.full_depth_step_seconds`)."""
+    return full_depth_step_seconds(decoder, *next(decoder.batches(prompts, request.batch_size)), request)
 
 
-__all__ = ["DENSE_STEP_TOKENS", "GenerationReport", "SpeculationReport", "SpeedComparison", "compare_speed",
+__all__ = ["GenerationReport", "SpeculationReport", "SpeedComparison", "compare_speed",
            "dense_step_seconds", "parameter_counts"]

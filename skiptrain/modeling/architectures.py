@@ -23,6 +23,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from transformers.pytorch_utils import Conv1D
 
 from skiptrain.errors import ModelError, UsageError
+from skiptrain.shipped.cache import cache_argument
 
 SUPPORTED_ATTENTION = ("eager", "sdpa")
 MIXTURE_OF_EXPERTS = ("mixtral", "qwen2_moe", "qwen3_moe", "phimoe", "olmoe", "deepseek_v2", "deepseek_v3",
@@ -222,7 +223,7 @@ class DecoderParts:
                 config=config,
                 inputs_embeds=hidden,
                 attention_mask=attention_mask,
-                cache=cache,
+                **cache_argument(cache),
                 position_ids=position_ids,
                 layer_idx=_deepest_cache(cache, [i for i, k in enumerate(kinds) if k == kind]),
             )
@@ -240,6 +241,20 @@ def _deepest_cache(cache: Any, layers: list[int]) -> int | None:
     if cache is None:
         return None
     return max(layers, key=lambda i: cache.layers[i].get_seq_length())
+
+
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """transformers' own (non-reentrant) activation checkpointing of ``model``'s decoder layers; transformers before
+    5.24 calls it gradient checkpointing."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def activation_checkpointing_on(model: PreTrainedModel) -> bool:
+    """Whether :func:`enable_activation_checkpointing` was applied to ``model``."""
+    return getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
 
 
 def attention_for(model_type: str, requested: str) -> str:

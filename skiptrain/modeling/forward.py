@@ -15,6 +15,7 @@ from torch import nn
 
 from skiptrain.core.schedules import SkipSchedule
 from skiptrain.modeling.architectures import DecoderParts, decoder_parts
+from skiptrain.shipped.cache import cache_argument
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -114,7 +115,7 @@ def skip_hidden_states(
         layer_out = layer(
             hidden[:, :called],  # [B, called, H]
             attention_mask=_mask_prefix(masks[layer_index], called, num_new),
-            cache=cache,
+            **cache_argument(cache),
             use_cache=cache is not None,
             **{name: _prefix(value, called) for name, value in column_inputs[layer_index].items()},
         )

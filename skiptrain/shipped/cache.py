@@ -1,13 +1,28 @@
-"""The KV cache generate decodes into under a schedule, whose attention masks follow the layers that run."""
+"""The KV cache generate decodes into under a schedule, whose attention masks follow the layers that run, and the
+cache speculative decoding cuts back and compacts."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.masking_utils import create_causal_mask
 
 from .schedule import SkipScheduleError
+
+CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+"""What transformers calls the KV cache argument of models, decoder layers, ``generate`` and the mask builders:
+``cache`` since 5.24, ``past_key_values`` before. Every call that passes a cache names it by this (or
+:func:`cache_argument`), so one code runs on the whole supported range."""
+
+
+def cache_argument(cache: Any) -> dict[str, Any]:
+    """``cache`` as the keyword argument of the installed transformers (:data:`CACHE_ARGUMENT`)."""
+    return {CACHE_ARGUMENT: cache}
 
 
 class SkipCache(DynamicCache):
@@ -31,6 +46,56 @@ class SkipCache(DynamicCache):
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         return super().get_query_offset(self._longest_of_kind(layer_idx))
+
+
+def full_length_cache(config: Any) -> SkipCache:
+    """A :class:`SkipCache` for ``config``'s layers in which every layer keeps every column, sliding-window ones too.
+
+    transformers' sliding-window layers keep only the last ``window - 1`` columns, which a cut back to earlier columns
+    or a compaction (:func:`compact_cache`) cannot undo. Here the attention masks apply the window: they count it in
+    columns, as transformers does. All layers are then one kind, and the longest cache is one of those that ran.
+    """
+    cache = SkipCache(config=config)
+    cache.layers = [DynamicLayer() for _ in cache.layers]
+    return cache
+
+
+def compact_cache(cache: DynamicCache, attention_mask: torch.Tensor, min_length: int = 0) -> torch.Tensor:
+    """Move each row's padding columns (mask 0) before its tokens, in every layer's keys and values, and drop the
+    leading columns that are padding in every row (keeping ``min_length`` columns at least); the mask, rearranged.
+
+    Afterwards every row is left-padded, its tokens in the last columns in their order: a sliding window counted in
+    columns covers exactly a row's last tokens, and positions, counted from the mask, stay those the keys were
+    rotated by. Every layer must hold ``attention_mask.shape[1]`` columns (of a :func:`full_length_cache`).
+
+    Args:
+        cache: The cache, rearranged in place.
+        attention_mask: ``[B, S]`` 1 for tokens, 0 for padding.
+        min_length: Columns to keep at least.
+
+    Returns:
+        ``[B, S']`` the mask of the compacted cache, ``S' <= S``.
+    """
+    if bool((attention_mask[:, 1:] >= attention_mask[:, :-1]).all()):  # every row left-padded already
+        return attention_mask
+    order = attention_mask.sort(dim=1, stable=True).indices  # [B, S]: padding first, each part in its order
+    drop = min(int((attention_mask == 0).sum(1).min()), attention_mask.shape[1] - min_length)
+    order = order[:, max(drop, 0):]
+    for layer in cache.layers:
+        layer.keys, layer.values = _take_columns(layer.keys, order), _take_columns(layer.values, order)
+    return attention_mask.gather(1, order)
+
+
+def _take_columns(states: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``states[b, :, order[b]]`` for every row ``b``: ``[B, H, S, D]`` -> ``[B, H, S', D]``, contiguous.
+
+    One ``index_select`` of whole ``D``-vectors: several times faster on CPU than ``take_along_dim``, which gathers
+    element by element through an index broadcast to the output's shape.
+    """
+    batch, heads, length, dim = states.shape
+    starts = torch.arange(batch * heads, device=states.device).view(batch, heads, 1) * length  # [B, H, 1]
+    rows = (starts + order[:, None, :]).flatten()  # [B * H * S']: row of each kept column in [B * H * S, D]
+    return states.reshape(-1, dim).index_select(0, rows).view(batch, heads, -1, dim)
 
 
 def has_layer_kinds(config: Any) -> bool:
@@ -70,4 +135,5 @@ def decode_into_skip_cache(model: nn.Module, kwargs: dict[str, Any]) -> None:
             return  # the static cache the model's generation config asks for
         kwargs["cache_implementation"] = None
     kwargs.pop("past_key_values", None)
-    kwargs["cache"] = SkipCache(config=model.config.get_text_config(decoder=True))
+    kwargs.pop("cache", None)
+    kwargs.update(cache_argument(SkipCache(config=model.config.get_text_config(decoder=True))))

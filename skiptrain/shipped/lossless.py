@@ -2,8 +2,11 @@
 
 :func:`lossless_sequences` runs the ``speculate`` loop (``speculate.py``) with :class:`GatedSteps`: drafts go
 through the decoder layers the schedule runs for their generated index, prefill and verification through all of
-them, on one ``SkipCache``. It takes transformers' greedy and sampling options (temperature, top-k,
-top-p, as :func:`sampling_warpers` builds them) and returns what transformers' ``generate`` returns by default.
+them, on one ``SkipCache`` in which every layer keeps every column (``full_length_cache``): the attention masks apply
+a sliding window (Gemma 2 and 3, Mistral and Qwen with a window) by column, and the loop compacts the cache after
+each verification so that the window covers a row's last tokens. It takes transformers' greedy and sampling options
+(temperature, top-k, top-p, as :func:`sampling_warpers` builds them) and returns what transformers' ``generate``
+returns by default.
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ from torch import nn
 from transformers import LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from .cache import SkipCache
+from .cache import cache_argument, full_length_cache
 from .draft_head import DraftHead, draft_confidence_problem, draft_vocab_problem, recorded_draft_vocab
 from .gates import ColumnGate, checked_layers, gates_installed, own_forwards
 from .schedule import SkipScheduleError, read_schedule
-from .speculate import crop_cache, sliding_window_of, speculate
+from .speculate import crop_cache, speculate
 
 
 class GatedSteps:
@@ -36,7 +39,7 @@ class GatedSteps:
 
     def __init__(self, model: nn.Module, gate: ColumnGate, draft_vocab: torch.Tensor | None = None) -> None:
         self.model, self.gate = model, gate
-        self.cache = SkipCache(config=model.config)
+        self.cache = full_length_cache(model.config)
         self.every_layer = frozenset(range(model.config.num_hidden_layers))
         self.draft_head = None if draft_vocab is None else \
             DraftHead(model.get_output_embeddings(), draft_vocab, model.config)
@@ -46,7 +49,7 @@ class GatedSteps:
         past = self.cache.get_seq_length()
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # as transformers' generate
         return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions,
-                "cache": self.cache, "use_cache": True}
+                **cache_argument(self.cache), "use_cache": True}
 
     def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: frozenset[int],
                 last_only: bool) -> torch.Tensor:
@@ -133,10 +136,6 @@ def lossless_sequences(model: nn.Module, prompt: torch.Tensor, draft_tokens: int
     mask = kwargs.get("attention_mask")
     mask = torch.ones_like(prompt) if mask is None else mask
     _, table = read_schedule(model.config)
-    if sliding_window_of(model.config) is not None:
-        raise SkipScheduleError(f"speculative_tokens={draft_tokens} is invalid for sliding-window attention "
-                                f"(sliding_window={sliding_window_of(model.config)}): allowed full-attention models; "
-                                "decode without speculative_tokens")
     layers = checked_layers(model)
     gate = ColumnGate(prompt.shape[1], range(len(layers)), table)
     with gates_installed(layers, own_forwards(layers), gate):

@@ -4,7 +4,10 @@ The schedule drafts K tokens one column at a time, one full-depth forward over t
 and the longest agreeing prefix is kept (greedy), or the rejection rule of Leviathan et al. (arXiv 2211.17192)
 decides (sampling), so the output distribution is the full-depth one. One KV cache serves both: before verification
 every layer is cut back to the columns verified before, so afterwards it holds full-depth keys and values for every
-column; a row's rejected columns are then masked as padding.
+column. A row's rejected columns then become padding and are moved before its tokens, in every layer
+(:func:`~.cache.compact_cache`): each row stays left-padded, its tokens in the last columns, so a sliding attention
+window counted in columns (Gemma 2 and 3, Mistral and Qwen with a window) covers exactly the tokens full-depth
+decoding sees.
 
 :func:`speculate` is the loop, over any :class:`SpeculativeSteps` (the forward calls on one cache): the export's
 ``generate(speculative_tokens=K)`` runs it through the gated transformers model, and skiptrain's own lossless
@@ -15,14 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 
+from .cache import compact_cache
+
 
 class SpeculativeSteps(Protocol):
     """The forward calls :func:`speculate` makes, on one KV cache (logits as float32)."""
+
+    cache: DynamicCache
+    """The cache, every layer keeping every column (:func:`~.cache.full_length_cache`)."""
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Run the prompts ``[B, P]`` at full depth into the empty cache; logits ``[B, V]`` of the first token."""
@@ -78,16 +86,19 @@ class SpeculationStats:
         return SpeculationStats(*(getattr(self, name) + getattr(other, name) for name in vars(self)))
 
 
-def speedup_bound(acceptance: float, draft_tokens: int, draft_cost: float) -> float:
-    """``(1 - a^(K+1)) / ((1 - a)(K c + 1))``: expected tokens per verification over its cost in full-depth steps.
+def speedup_bound(acceptance: float, draft_tokens: int, draft_cost: float, verify_cost: float = 1.0) -> float:
+    """``(1 - a^(K+1)) / ((1 - a)(K c + v))``: expected tokens per verification over its cost in full-depth steps.
 
     Args:
         acceptance: ``a``, the per-token acceptance probability.
         draft_tokens: ``K``, draft tokens per verification.
-        draft_cost: ``c``, a draft step's cost relative to a full-depth step (verification counted as one step).
+        draft_cost: ``c``, a draft step's cost relative to a full-depth step.
+        verify_cost: ``v``, a verification's (``K + 1`` columns) cost relative to a full-depth step (one column):
+            1 where columns are free (a step bound by reading the weights), more where the batch already fills the
+            arithmetic (on a CPU, about 1.5 at batch 1 and 2 at batch 8 for a 135M model at K = 4).
     """
     tokens = draft_tokens + 1 if acceptance >= 1 else (1 - acceptance ** (draft_tokens + 1)) / (1 - acceptance)
-    return tokens / (draft_tokens * draft_cost + 1)
+    return tokens / (draft_tokens * draft_cost + verify_cost)
 
 
 def greedy_acceptance(verified: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,10 +172,11 @@ def speculate(
     """Decode left-padded prompts: the full-depth output, drafted ``draft_tokens`` tokens per verification.
 
     All rows draft and verify the same columns, so one cache serves the batch; each row keeps its own exact tokens
-    and its rejected columns become padding (attention mask 0), so a row's tokens are its full-depth tokens whatever
-    the other rows accept. A draft column runs the draft's layers for the generated index of the row furthest
-    behind (by nesting, a superset of every row's own). Rows end at an end-of-sequence token (then
-    ``pad_token_id``) or at ``max_new_tokens``, as in transformers' ``generate`` and skiptrain's
+    and its rejected columns become padding (attention mask 0) moved before its tokens, so a row's tokens are its
+    full-depth tokens whatever the other rows accept. A row that ends leaves the batch (its cache rows are dropped):
+    no later draft or verification computes anything for it. A draft column runs the draft's layers for the generated
+    index of the row furthest behind (by nesting, a superset of every row's own). Rows end at an end-of-sequence token
+    (then ``pad_token_id``) or at ``max_new_tokens``, as in transformers' ``generate`` and skiptrain's
     ``generate_under_schedule``.
 
     Args:
@@ -191,7 +203,7 @@ def speculate(
     device = input_ids.device
     eos = torch.tensor([] if eos_token_id is None else eos_token_id, device=device).flatten()
     batch, past = input_ids.shape
-    rows = torch.arange(batch, device=device)
+    prompt_length = past
 
     def probabilities(logits: torch.Tensor) -> torch.Tensor:  # [..., V] -> warped softmax
         flat = logits.reshape(-1, logits.shape[-1])
@@ -206,17 +218,24 @@ def speculate(
     tokens = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     tokens[:, 0] = token
     counts = torch.ones(batch, dtype=torch.long, device=device)  # tokens generated per row
-    finished = torch.isin(token, eos) | (counts >= max_new_tokens)
-    mask = attention_mask
+    live, mask = torch.arange(batch, device=device), attention_mask  # rows still generating (the steps' batch)
     ones = torch.ones(batch, draft_tokens + 1, dtype=mask.dtype, device=device)
-    while not bool(finished.all()):
-        active, remaining = ~finished, max_new_tokens - counts
-        k = min(draft_tokens, int(remaining[active].max()) - 1)
-        index = int(counts[active].min()) - 1  # generated index of the fed token of the row furthest behind
+    done = torch.isin(token, eos) | (counts >= max_new_tokens)
+    while True:
+        if bool(done.any()):  # a finished row leaves the batch: no later call computes anything for it
+            stay = (~done).nonzero().squeeze(1)
+            if not len(stay):
+                break
+            live, mask, token = live[stay], mask[stay], token[stay]
+            steps.cache.batch_select_indices(stay)
+        size, remaining = len(live), max_new_tokens - counts[live]  # [n]
+        k = min(draft_tokens, int(remaining.max()) - 1)
+        index = int(counts[live].min()) - 1  # generated index of the fed token of the row furthest behind
         column, drafts, drafted = token, [], []
-        proposing, proposed = active.clone(), torch.zeros_like(counts)  # rows still proposing; drafts each proposed
+        proposing = torch.ones(size, dtype=torch.bool, device=device)  # rows still proposing
+        proposed = torch.zeros_like(remaining)  # drafts each row proposed
         for j in range(k):
-            logits = steps.draft(column[:, None], torch.cat([mask, ones[:, : j + 1]], dim=1), index + j)
+            logits = steps.draft(column[:, None], torch.cat([mask, ones[:size, : j + 1]], dim=1), index + j)
             probs = probabilities(logits) if do_sample or draft_confidence else None
             column = torch.multinomial(probs, 1, generator=generator).squeeze(1) if do_sample else logits.argmax(-1)
             drafted.append(probs)
@@ -227,52 +246,40 @@ def speculate(
                 if not bool(proposing.any()):
                     break
         k = len(drafts)
-        draft = torch.stack(drafts, 1) if drafts else token.new_zeros(batch, 0)  # [B, k]
-        verified = steps.verify(torch.cat([token[:, None], draft], 1), torch.cat([mask, ones[:, : k + 1]], 1), past)
+        draft = torch.stack(drafts, 1) if drafts else token.new_zeros(size, 0)  # [n, k]
+        verified = steps.verify(torch.cat([token[:, None], draft], 1), torch.cat([mask, ones[:size, : k + 1]], 1),
+                                past)
         partial = proposed if draft_confidence else None  # None: every row proposed all k
         if do_sample:
-            drafted_probs = torch.stack(drafted, 1) if drafted else verified.new_zeros(batch, 0, verified.shape[-1])
+            drafted_probs = torch.stack(drafted, 1) if drafted else verified.new_zeros(size, 0, verified.shape[-1])
             chosen, accepted = sampled_acceptance(probabilities(verified), drafted_probs, draft, generator, partial)
         else:
             chosen, accepted = greedy_acceptance(verified, draft)
             accepted = accepted if partial is None else accepted.minimum(partial)
         width = torch.arange(k + 1, device=device)
-        exact = width <= accepted[:, None]  # [B, k + 1]
-        ends = torch.isin(chosen, eos) & exact
-        kept = torch.where(ends.any(1), ends.int().argmax(1) + 1, accepted + 1).minimum(remaining)
-        kept = kept.masked_fill(finished, 0)
+        ends = torch.isin(chosen, eos) & (width <= accepted[:, None])  # [n, k + 1]
+        kept = torch.where(ends.any(1), ends.int().argmax(1) + 1, accepted + 1).minimum(remaining)  # >= 1
         if batch_minimum:
-            open_rows = active & (kept == accepted + 1) & (kept < remaining)  # rows that neither end nor fill up
+            open_rows = (kept == accepted + 1) & (kept < remaining)  # rows that neither end nor fill up
             if bool(open_rows.any()):
                 kept = kept.minimum(kept[open_rows].min())
-        keep = width < kept[:, None]  # [B, k + 1]
-        tokens[rows[:, None].expand_as(keep)[keep], (counts[:, None] + width)[keep]] = chosen[keep]
-        counts += kept
-        finished |= (torch.isin(chosen, eos) & keep).any(1) | (counts >= max_new_tokens)
+        keep = width < kept[:, None]  # [n, k + 1]
+        tokens[live[:, None].expand_as(keep)[keep], (counts[live][:, None] + width)[keep]] = chosen[keep]
+        counts[live] += kept
+        done = (torch.isin(chosen, eos) & keep).any(1) | (counts[live] >= max_new_tokens)
         stats.verifications += 1
         stats.draft_steps += k
-        stats.judged += int(torch.minimum(accepted + 1, proposed)[active].sum())
-        stats.proposed += int(proposed[active].sum())
-        stats.accepted += int(accepted[active].sum())
-        stats.row_verifications += int(active.sum())
+        stats.judged += int(torch.minimum(accepted + 1, proposed).sum())
+        stats.proposed += int(proposed.sum())
+        stats.accepted += int(accepted.sum())
+        stats.row_verifications += size
         stats.committed += int(kept.sum())
-        mask = torch.cat([mask, keep.to(mask.dtype)], dim=1)  # rejected columns become padding
-        past += k + 1
-        token = chosen[rows, (kept - 1).clamp(min=0)].masked_fill(kept == 0, pad_token_id)
+        # P columns at least stay: skiptrain's forward runs the columns before P as prompt columns
+        mask = compact_cache(steps.cache, torch.cat([mask, keep.to(mask.dtype)], dim=1), prompt_length)
+        past = mask.shape[1]
+        token = chosen[torch.arange(size, device=device), kept - 1]
     width = int(counts.max())
     return tokens[:, :width], counts, stats
-
-
-def sliding_window_of(config: Any) -> int | None:
-    """The sliding attention window of a model config, ``None`` for full attention in every layer.
-
-    Speculative decoding refuses such models: a row's rejected columns stay in the cache as padding, and a window
-    counted in cache columns would then cover fewer of that row's tokens than full-depth decoding sees.
-    """
-    window = getattr(config, "sliding_window", None)
-    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ()) or (
-        window is not None and getattr(config, "use_sliding_window", True))
-    return window if sliding else None
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:

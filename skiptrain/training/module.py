@@ -23,7 +23,7 @@ from skiptrain.errors import UsageError
 from skiptrain.export.format import ExportUsageError
 from skiptrain.export.record import ExportRecord
 from skiptrain.export.verify import export_config
-from skiptrain.modeling.architectures import decoder_parts
+from skiptrain.modeling.architectures import decoder_parts, enable_activation_checkpointing
 from skiptrain.modeling.generation import generate_under_schedule
 from skiptrain.modeling.loading import load_causal_lm, load_config, load_tokenizer
 from skiptrain.modeling.precision import WeightsDtype, weights_dtype
@@ -229,7 +229,7 @@ class SkipLM(WithoutQuantizedBase, L.LightningModule):
             model = with_adapters(model, self.lora)
         if self.hparams.activation_checkpointing:
             base = model.get_base_model() if isinstance(model, PeftModel) else model
-            base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(base)
             if isinstance(model, PeftModel):
                 base.enable_input_require_grads()
         self.model = model
