@@ -26,7 +26,7 @@ from packaging.version import Version  # noqa: E402
 from vllm import LLM, SamplingParams, TokensPrompt  # noqa: E402
 
 from skiptrain.frontends.conformance import check_outputs  # noqa: E402
-from skiptrain.serving.vllm_plugin import SUPPORTED_VLLM, hf_overrides  # noqa: E402
+from skiptrain.serving.vllm_plugin import SUPPORTED_VLLM, hf_overrides, refusal_in  # noqa: E402
 from skiptrain.shipped.schedule import SkipScheduleError  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -38,8 +38,8 @@ CASES = "SKIPTRAIN_VLLM_CASES"
 
 def engine(export: Path, skip: bool = True, **options) -> LLM:
     """A float32 vLLM engine on ``export``, under its schedule unless ``skip`` is false (then dense)."""
-    settings = {"enforce_eager": True, "dtype": "float32", "enable_prefix_caching": False, "max_model_len": 128,
-                "block_size": BLOCK, "seed": 0, "kv_cache_memory_bytes": 16 << 20, **options}
+    settings = {"enforce_eager": True, "dtype": "float32", "max_model_len": 128, "block_size": BLOCK, "seed": 0,
+                "kv_cache_memory_bytes": 16 << 20, **options}  # prefix caching on, vLLM's default
     return LLM(model=str(export), **({"hf_overrides": hf_overrides(export)} if skip else {}), **settings)
 
 
@@ -112,7 +112,8 @@ def family_engine(request, exports):
     export, vectors = exports(request.param)
     llm = engine(export)
     config = json.loads((export / "config.json").read_text())
-    yield llm, vectors, config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
+    layers = config.get("num_hidden_layers", config.get("n_layer"))  # GPT-2's config names it n_layer
+    yield llm, vectors, config.get("layer_types") or ["full_attention"] * layers
     close(llm)
 
 
@@ -132,7 +133,8 @@ def test_sliding_and_global_layers_get_their_rows_metadata_from_their_own_kv_cac
     llm, vectors, layer_types = family_engine
     assert_conforms(vectors, staggered_outputs(llm, vectors))  # steps at different generated indices: row subsets
     groups = llm.apply_model(lambda model: sorted(model.skipper.builders))[0]
-    kinds = [{layer_types[int(re.search(r"layers\.(\d+)\.", name).group(1))] for name in group} for group in groups]
+    index = re.compile(r"(?:layers|h)\.(\d+)\.")  # a layer's name: model.layers.N. (GPT-2: transformer.h.N.)
+    kinds = [{layer_types[int(index.search(name).group(1))] for name in group} for group in groups]
     assert all(len(kind) == 1 for kind in kinds), groups
     assert {kind.pop() for kind in kinds} == set(layer_types), groups  # every kind of layer ran on a row subset
 
@@ -164,6 +166,107 @@ def test_chunked_prefill_and_preemption_keep_every_token(tight_engine):
     assert_conforms(vectors, staggered_outputs(llm, vectors, every=2))
 
 
+def test_a_prompt_table_out_of_batch_order_fails_loudly(tight_engine, monkeypatch):
+    """If vLLM stopped handing logits processors the forward pass's batch order, the plugin would read other requests'
+    prompt lengths: the step's prompt tokens give it away, and the step fails rather than decoding wrong."""
+    from skiptrain.serving.vllm_prompts import PromptLengths
+
+    llm, vectors = tight_engine
+    update = PromptLengths.update_state
+
+    def swapped(self, batch_update):
+        update(self, batch_update)
+        if len(self.prompts) >= 2:
+            self.prompts[0], self.prompts[1] = self.prompts[1], self.prompts[0]
+
+    monkeypatch.setattr(PromptLengths, "update_state", swapped)
+    with pytest.raises(SkipScheduleError, match="prompt tokens in this step are not those skiptrain's prompt-length "
+                                                "table holds for its batch index"):
+        outputs_of(llm, vectors)
+
+
+# -- prefix caching: prompt blocks are shared, generated blocks are not reused as a prompt ----------------------------
+@pytest.fixture(scope="module")
+def prefix_engine(cases):
+    """The tiny Llama export with prefix caching (vLLM's default) and :mod:`helpers.vllm_cases`' prefix cases."""
+    if not (cases / "prefix").is_dir():
+        vllm_cases.build_prefix_cases(cases)
+    shared, turn2 = (json.loads((cases / "prefix" / name).read_text()) for name in ("shared.json", "turn2.json"))
+    llm = engine(cases / "llama" / "export", max_model_len=256, disable_log_stats=False)
+    yield llm, shared, turn2
+    close(llm)
+
+
+def some(vectors: dict, ids: list[int]) -> dict:
+    """``vectors`` with only the cases ``ids``."""
+    return {**vectors, "cases": [case for case in vectors["cases"] if case["id"] in ids]}
+
+
+def test_requests_sharing_a_system_prompt_reuse_its_blocks_and_decode_the_reference(prefix_engine):
+    llm, shared, _ = prefix_engine
+    first, others = some(shared, [0]), some(shared, [1, 2])
+    assert_conforms(first, outputs_of(llm, first))
+    before = counter(llm, "vllm:prefix_cache_hits")
+    assert_conforms(others, outputs_of(llm, others))
+    hits = counter(llm, "vllm:prefix_cache_hits") - before
+    system = len(os.path.commonprefix([case["prompt_token_ids"] for case in shared["cases"]]))
+    assert system >= 2 * BLOCK
+    assert hits >= 2 * (system // BLOCK) * BLOCK, f"{hits} prompt tokens came from the cache"
+
+
+def test_a_second_turn_holding_the_first_reply_prefills_it_and_decodes_the_reference(prefix_engine):
+    """The first turn's reply is in KV blocks computed under the schedule; the second turn's prompt holds the same
+    tokens, which the reference prefills at full depth: only the blocks inside the first turn's prompt are reused."""
+    llm, shared, turn2 = prefix_engine
+    first = some(shared, [0])
+    assert_conforms(first, outputs_of(llm, first))
+    assert turn2["cases"][0]["prompt_token_ids"][:len(first["cases"][0]["prompt_token_ids"]) + shared[
+        "max_new_tokens"]] == first["cases"][0]["prompt_token_ids"] + first["cases"][0]["token_ids"]
+    before = counter(llm, "vllm:prefix_cache_hits")
+    assert_conforms(turn2, outputs_of(llm, turn2))
+    hits = counter(llm, "vllm:prefix_cache_hits") - before
+    assert hits == len(first["cases"][0]["prompt_token_ids"]) // BLOCK * BLOCK, hits
+
+
+def logprobs_of(llm: LLM, vectors: dict) -> list[float]:
+    """The log-probabilities of the greedy tokens of ``vectors``' single case (finer than the tokens themselves)."""
+    params = SamplingParams(max_tokens=vectors["max_new_tokens"], logprobs=0, **GREEDY)
+    done = llm.generate([TokensPrompt(prompt_token_ids=vectors["cases"][0]["prompt_token_ids"])], params,
+                        use_tqdm=False)[0].outputs[0]
+    return [step[token].logprob for step, token in zip(done.logprobs, done.token_ids, strict=True)]
+
+
+def test_reusing_the_first_reply_as_a_prompt_would_change_the_second_turn(prefix_engine, monkeypatch):
+    """The check can fail: keyed as vLLM keys them, the reply's blocks (computed under the schedule) are reused as the
+    second turn's prompt, and its log-probabilities leave those of a prefill at full depth; keyed by the plugin, only
+    the first turn's prompt blocks are reused, and they stay. (On the tiny random model the greedy tokens may not
+    change, so the log-probabilities are compared.)"""
+    from skiptrain.serving.vllm_prefix import PromptLengthKeyed
+
+    llm, shared, turn2 = prefix_engine
+    first = some(shared, [0])
+
+    def second_turn() -> tuple[list[float], float]:
+        llm.reset_prefix_cache()
+        outputs_of(llm, first)
+        before = counter(llm, "vllm:prefix_cache_hits")
+        got = logprobs_of(llm, turn2)
+        return got, counter(llm, "vllm:prefix_cache_hits") - before
+
+    llm.reset_prefix_cache()
+    full_depth = logprobs_of(llm, turn2)  # nothing cached: the whole prompt prefilled at full depth
+    plugin, plugin_hits = second_turn()
+    monkeypatch.setattr(PromptLengthKeyed, "__call__", lambda self, request: self.hasher(request))
+    try:
+        vllm_keyed, vllm_hits = second_turn()
+    finally:
+        llm.reset_prefix_cache()
+    prompt_blocks = len(first["cases"][0]["prompt_token_ids"]) // BLOCK * BLOCK
+    assert plugin_hits == prompt_blocks and vllm_hits > prompt_blocks, (plugin_hits, vllm_hits)
+    assert max(abs(a - b) for a, b in zip(plugin, full_depth, strict=True)) < 1e-4, (plugin, full_depth)
+    assert max(abs(a - b) for a, b in zip(vllm_keyed, full_depth, strict=True)) > 1e-3, (vllm_keyed, full_depth)
+
+
 # -- what must fail --------------------------------------------------------------------------------------------------
 def test_dense_serving_of_the_same_export_fails_the_vectors(exports):
     """The check can fail: without the skip-aware class vLLM serves the export densely, and diverges."""
@@ -176,11 +279,21 @@ def test_dense_serving_of_the_same_export_fails_the_vectors(exports):
     assert not report.passed, report.summary()
 
 
-def test_prefix_caching_is_refused_at_engine_start(exports):
+def refused(export: Path, **options) -> str:
+    """The one line of the plugin's refusal that making an engine on ``export`` with ``options`` raises (vLLM's config,
+    a pydantic dataclass, wraps it: :func:`~skiptrain.serving.vllm_plugin.refusal_in` finds it)."""
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - what it must be is checked below
+        engine(export, **options)
+    refusal = refusal_in(raised.value)
+    assert refusal is not None, raised.getrepr()
+    return str(refusal)
+
+
+def test_a_refused_setting_fails_where_the_engine_is_made(exports):
+    """Pipeline parallelism is refused by the config check in this process, before an engine process starts."""
     export, _ = exports("llama")
-    with pytest.raises(SkipScheduleError, match=r"^enable_prefix_caching=True is not supported under a skip "
-                                                r"schedule: .*pass enable_prefix_caching=False"):
-        engine(export, enable_prefix_caching=True)
+    assert refused(export, pipeline_parallel_size=2) == ("pipeline_parallel_size=2 is not supported under a skip "
+                                                         "schedule: allowed 1")
 
 
 def test_a_malformed_schedule_fails_at_engine_start_naming_the_key(exports, tmp_path):
@@ -190,10 +303,9 @@ def test_a_malformed_schedule_fails_at_engine_start_naming_the_key(exports, tmp_
     config = json.loads((broken / "config.json").read_text())
     config["skip_schedule"]["executed_layers"][2] = [0, 1, 2, 3, 4, 5]  # grows after [0, 2, 3, 4, 5]: not nested
     (broken / "config.json").write_text(json.dumps(config))
-    with pytest.raises(SkipScheduleError, match=r"^config.json skip_schedule.executed_layers\[2\]=\[0, 1, 2, 3, 4, 5\] "
-                                                r"is invalid: allowed ascending layer indices containing layer 0, a "
-                                                r"subset of the set before it \(nesting\)$"):
-        engine(broken)
+    assert re.fullmatch(r"config.json skip_schedule.executed_layers\[2\]=\[0, 1, 2, 3, 4, 5\] is invalid: allowed "
+                        r"ascending layer indices containing layer 0, a subset of the set before it \(nesting\)",
+                        line := refused(broken)), line
 
 
 # -- the vLLM internals the plugin relies on -------------------------------------------------------------------------
@@ -214,25 +326,6 @@ def test_the_installed_vllm_has_every_name_the_plugin_uses():
     for need in plugin_imports():
         module, name = need.split(":")
         assert hasattr(importlib.import_module(module), name), need
-
-
-def test_a_prompt_table_out_of_batch_order_fails_loudly(tight_engine, monkeypatch):
-    """If vLLM stopped handing logits processors the forward pass's batch order, the plugin would read other requests'
-    prompt lengths: the step's prompt tokens give it away, and the step fails rather than decoding wrong."""
-    from skiptrain.serving.vllm_prompts import PromptLengths
-
-    llm, vectors = tight_engine
-    update = PromptLengths.update_state
-
-    def swapped(self, batch_update):
-        update(self, batch_update)
-        if len(self.prompts) >= 2:
-            self.prompts[0], self.prompts[1] = self.prompts[1], self.prompts[0]
-
-    monkeypatch.setattr(PromptLengths, "update_state", swapped)
-    with pytest.raises(SkipScheduleError, match="prompt tokens in this step are not those skiptrain's prompt-length "
-                                                "table holds for its batch index"):
-        outputs_of(llm, vectors)
 
 
 def test_the_quickstart_export_decodes_its_vectors(cases):

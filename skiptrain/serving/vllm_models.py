@@ -17,7 +17,8 @@ sliding-window and global layers in KV-cache groups of their own (Gemma 2 and 3)
 rows by that group's builder.
 
 The forward pass changes shape with the schedule every step, so it runs eagerly (no CUDA graphs, no
-``torch.compile``); prefix caching and speculative decoding are refused (see :func:`check_engine`).
+``torch.compile``); speculative decoding is refused (see :func:`check_engine`). Prefix caching keys generated blocks
+by prompt length (:mod:`skiptrain.serving.vllm_prefix`).
 """
 
 from __future__ import annotations
@@ -64,11 +65,6 @@ def check_engine(vllm_config: Any) -> tuple[tuple[int, ...], tuple[tuple[int, ..
         raise SkipScheduleError(f"{vllm_config.model_config.model} has no '{CONFIG_KEY}' in config.json: the "
                                 "skip-aware classes serve skiptrain exports; serve other models without hf_overrides")
     schedule = read_schedule(hf_config)
-    if vllm_config.cache_config.enable_prefix_caching:
-        raise SkipScheduleError("enable_prefix_caching=True is not supported under a skip schedule: a cached block of "
-                                "generated tokens holds no keys and values at the layers they skipped, which a "
-                                "later prompt reusing it needs; pass enable_prefix_caching=False "
-                                "(vllm serve --no-enable-prefix-caching)")
     if vllm_config.speculative_config is not None:
         raise SkipScheduleError("speculative_config is not supported under a skip schedule: vLLM loads no logits "
                                 "processors with speculative decoding, and the schedule needs the prompt lengths one "

@@ -78,6 +78,10 @@ NEEDS = (
     "vllm.v1.sample.logits_processor.interface:LogitsProcessor.update_state(batch_update)",
     "vllm.v1.sample.logits_processor.builtin:process_dict_updates(req_entries, batch_update, new_state)",
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
+    # prefix caching: each arriving request's block hasher, wrapped to key generated blocks by the prompt length
+    "vllm.v1.engine.core:EngineCore.preprocess_add_request(request)", "vllm.v1.engine.core:EngineCore.vllm_config",
+    "vllm.v1.engine.core:EngineCore.request_block_hasher", "vllm.v1.request:Request.num_tokens",
+    "vllm.v1.request:Request.num_prompt_tokens",
     "vllm.envs:VLLM_USE_V2_MODEL_RUNNER",  # the V1 runner is chosen with VLLM_USE_V2_MODEL_RUNNER=0 on GPUs
 )
 """What the plugin uses beyond its imports: ``module:Name``, ``module:Class.attribute``, ``module:Class.method(args)``

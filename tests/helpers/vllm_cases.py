@@ -3,7 +3,7 @@
 vLLM 0.32 pins transformers below the release skiptrain's decoder needs (>= 5.24), so the vLLM job writes the cases
 with the tested stack's venv and decodes them with the vLLM venv:
 
-    PYTHONPATH=tests python -m helpers.vllm_cases build/vllm-cases      # the tested stack (.venv)
+    PYTHONPATH=tests python -m helpers.vllm_cases build/vllm-cases [--quickstart] [--chat]   # the tested stack
     SKIPTRAIN_VLLM_CASES=build/vllm-cases python -m pytest -m vllm tests/test_vllm.py   # the vLLM venv
 """
 
@@ -87,6 +87,75 @@ def build_quickstart(root: Path) -> None:
                   max_new_tokens=QUICKSTART_NEW_TOKENS)
 
 
+# -- prefix caching: a shared system prompt, and a second turn holding the first turn's reply --------------------------
+SYSTEM = ("You write short, accurate weather forecasts from the data you are given. Describe the weather in one "
+          "sentence, name the city and the day, give the high and the low, and say if it will be rainy, sunny, cloudy "
+          "or snowy. Expect strong winds near the river.")
+"""93 tiny-tokenizer tokens: two whole KV blocks of 32 that every prompt below starts with."""
+QUESTIONS = (" Forecast: city[Oslo], day[Monday], condition[rainy], high[12]",
+             " Forecast: city[Cairo], day[Wednesday], condition[sunny], high[30]",
+             " Forecast: city[Denver], day[Thursday], condition[snowy], high[2]")
+FOLLOW_UP = " Tell me more."
+PREFIX_NEW_TOKENS = 40
+"""Long enough that the first turn's reply fills a KV block of generated tokens (the one block caching must skip)."""
+
+
+class GivenIds:
+    """A prompt format for :func:`~skiptrain.frontends.conformance.write_vectors` whose prompts are token ids already
+    (as JSON text): the reference decoder prefills them as given, at full depth, as it prefills any prompt."""
+
+    def encode(self, tokenizer, prompts: list[str]) -> tuple[list[str], list[list[int]]]:
+        return list(prompts), [json.loads(prompt) for prompt in prompts]
+
+
+def build_prefix_cases(root: Path) -> None:
+    """``root/prefix/``: vectors on the tiny Llama export (written by :func:`build`) for prefix caching.
+
+    ``shared.json``: prompts that share :data:`SYSTEM`. ``turn2.json``: the second turn of ``shared.json``'s case 0,
+    whose prompt is that case's prompt ids, its greedy reply's ids and :data:`FOLLOW_UP`'s, prefilled at full depth.
+    """
+    from skiptrain.export.load import load_exported
+    from skiptrain.frontends.conformance import write_vectors
+
+    model, built, tokenizer = load_exported(root / "llama" / "export")
+    shared = write_vectors(model, tokenizer, built, [SYSTEM + question for question in QUESTIONS],
+                           root / "prefix" / "shared.json", max_new_tokens=PREFIX_NEW_TOKENS)
+    first = shared["cases"][0]
+    follow_up = tokenizer(FOLLOW_UP, add_special_tokens=False)["input_ids"]
+    turn2 = first["prompt_token_ids"] + first["token_ids"] + follow_up
+    write_vectors(model, tokenizer, built, [json.dumps(turn2)], root / "prefix" / "turn2.json",
+                  max_new_tokens=NEW_TOKENS, prompt_format=GivenIds())
+
+
+# -- the chat fragment's export, for the OpenAI-compatible server ------------------------------------------------------
+CHAT_SOURCES = ("city[Oslo], day[Monday], condition[snowy], high[-2], low[-9], wind[strong]",
+                "city[Lisbon], day[Saturday], condition[sunny], high[27], rain[10]",
+                "city[Seattle], day[Wednesday], condition[rainy], low[8], rain[80]",
+                "city[Nairobi], day[Friday], condition[partly cloudy], high[24], wind[light]")
+CHAT_NEW_TOKENS = 24
+
+
+def build_chat(root: Path) -> None:
+    """``root/export``: the quickstart recipe with the chat fragment (SmolLM2-135M-Instruct, base weights, the
+    tokenizer's chat template after the fragment's system message), and ``root/vectors24.json`` of its prompts made
+    from :data:`CHAT_SOURCES` by the recorded prompt format."""
+    from skiptrain.cli.app import main
+    from skiptrain.export.load import load_exported
+    from skiptrain.frontends.conformance import write_vectors
+    from skiptrain.shipped.prompt_format import PromptFormat
+
+    recipes = Path(__file__).resolve().parents[2] / "recipes"
+    export = root / "export"
+    if not export.is_dir():
+        main(["export", "--config", str(recipes / "quickstart.yaml"), "--config",
+              str(recipes / "fragments" / "smollm2-135m_chat.yaml"), "--output_dir", str(export),
+              "--trainer.logger", "false"])
+    model, built, tokenizer = load_exported(export)
+    recorded = PromptFormat.from_dict(json.loads((export / "skip_schedule.json").read_text())["prompt_format"])
+    write_vectors(model, tokenizer, built, list(CHAT_SOURCES), root / f"vectors{CHAT_NEW_TOKENS}.json",
+                  max_new_tokens=CHAT_NEW_TOKENS, prompt_format=recorded)
+
+
 def read(root: Path, family: str, new_tokens: int) -> tuple[Path, dict]:
     """``(export, vectors)`` of one family."""
     return root / family / "export", json.loads(vectors_file(root, family, new_tokens).read_text())
@@ -94,3 +163,6 @@ def read(root: Path, family: str, new_tokens: int) -> tuple[Path, dict]:
 
 if __name__ == "__main__":
     build(Path(sys.argv[1]), quickstart="--quickstart" in sys.argv[2:])
+    build_prefix_cases(Path(sys.argv[1]))
+    if "--chat" in sys.argv[2:]:
+        build_chat(Path(sys.argv[1]) / "chat")
