@@ -139,23 +139,6 @@ def cmd_consolidate(args: argparse.Namespace) -> None:
     record(args.results, args.section, found)
 
 
-def _timed_generate(model, ids, mask, schedule, new_tokens: int, repeats: int) -> tuple[float, torch.Tensor]:
-    from skiptrain import generate_under_schedule
-
-    out = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=new_tokens)  # warm-up (kernels, allocator)
-    times = []
-    for _ in range(repeats):
-        if ids.is_cuda:
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        out = generate_under_schedule(model, ids, mask, schedule, max_new_tokens=new_tokens)
-        if ids.is_cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    times.sort()
-    return times[len(times) // 2], out.tokens
-
-
 def cmd_bench(args: argparse.Namespace) -> None:
     """Reload the export (skiptrain and plain transformers), check it, and time skip vs dense decoding."""
     from transformers import AutoModelForCausalLM
@@ -185,13 +168,27 @@ def cmd_bench(args: argparse.Namespace) -> None:
              "dense_vs_transformers_max_abs_logit_diff": (ours - reference)[real].abs().max().item()}
     del plain
 
-    skip_s, skip_tokens = _timed_generate(model, ids, mask, schedule, args.new_tokens, args.repeats)
-    dense_s, dense_tokens = _timed_generate(model, ids, mask, dense, args.new_tokens, args.repeats)
+    from benchmarks.common.timing import median_wall, run
+    from skiptrain import generate_under_schedule
+
+    samples = {}
+
+    def decode(name, under):  # one pass; its work: the tokens generated (no end-of-sequence stop)
+        def one_pass() -> int:
+            samples[name] = generate_under_schedule(model, ids, mask, under, max_new_tokens=args.new_tokens).tokens
+            return samples[name].numel()  # a host value: the device's work is done when the pass ends
+        return one_pass
+
+    timing = run({"dense": decode("dense", dense), "skip": decode("skip", schedule)}, args.rounds, args.warmup,
+                 label="bench: ")
+    report = timing.report({"skip": ("dense", "skip")})
     generated = args.batch * args.new_tokens
+    skip_tokens, dense_tokens = samples["skip"], samples["dense"]
     found.update({
         "batch": args.batch, "prompt_columns": ids.shape[1], "new_tokens": args.new_tokens, "dtype": str(dtype),
-        "skip_tokens_per_s": round(generated / skip_s, 1), "dense_tokens_per_s": round(generated / dense_s, 1),
-        "measured_decode_speedup": round(dense_s / skip_s, 3),
+        "skip_tokens_per_s": round(generated / median_wall(timing.passes["skip"]), 1),
+        "dense_tokens_per_s": round(generated / median_wall(timing.passes["dense"]), 1),
+        "measured_decode_speedup": report["comparisons"]["skip"]["claim_wall"], "timing": report,
         "ideal_decode_speedup": round(schedule.sequence_ideal_speedup(args.new_tokens), 3),
         "skip_sample": tokenizer.decode(skip_tokens[0], skip_special_tokens=True)[:200],
         "dense_sample": tokenizer.decode(dense_tokens[0], skip_special_tokens=True)[:200],
@@ -234,6 +231,7 @@ def lossless_row(model, pad: int, draft, ids: torch.Tensor, mask: torch.Tensor, 
     out = speculative[-1]
     dense_step = median_wall(timing.passes["full_depth"]) / new_tokens  # prefill included
     draft_step = out.seconds.draft / out.stats.draft_steps if out.stats.draft_steps else 0.0
+    verify_step = out.seconds.verify / out.stats.verifications if out.stats.verifications else dense_step
     a = out.stats.acceptance_rate
     return {
         "batch": len(ids), "tokens_per_pass": len(ids) * new_tokens,
@@ -241,7 +239,8 @@ def lossless_row(model, pad: int, draft, ids: torch.Tensor, mask: torch.Tensor, 
         "differing_rows": sum(x != y for x, y in zip(outputs["full_depth"], outputs["speculative"], strict=True)),
         "acceptance": round(a, 4), "tokens_per_verification": round(out.stats.tokens_per_verification, 3),
         "draft_step_over_full_depth_step": round(draft_step / dense_step, 4),
-        "bound": round(speedup_bound(a, k, draft_step / dense_step), 3),
+        "verification_over_full_depth_step": round(verify_step / dense_step, 4),
+        "bound": round(speedup_bound(a, k, draft_step / dense_step, verify_step / dense_step), 3),
         "timing": report,
     }
 
@@ -303,7 +302,8 @@ def main() -> None:
     bench.add_argument("--export", type=Path, required=True)
     bench.add_argument("--batch", type=int, default=8)
     bench.add_argument("--new-tokens", type=int, default=128)
-    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--rounds", type=int, default=5, help="timed interleaved rounds (pairs)")
+    bench.add_argument("--warmup", type=int, default=1)
     lossless = sub.add_parser("lossless", help=cmd_lossless.__doc__)
     lossless.add_argument("--model", required=True, help="an export (drafts under its schedule) or a base model")
     lossless.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

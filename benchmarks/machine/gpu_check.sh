@@ -145,7 +145,7 @@ step "export the ZeRO-3 run"
 ls -la "$WORK/export"
 
 step "reload the export; skip-aware vs dense decoding"
-"$PY" benchmarks/machine/gpu_check.py --results "$RESULTS" bench --export "$WORK/export" --batch "$BATCH" --new-tokens 128
+"$PY" -m benchmarks.machine.gpu_check --results "$RESULTS" bench --export "$WORK/export" --batch "$BATCH" --new-tokens 128
 
 step "side by side: transformers and skiptrain, dense and 2x ($FRONTENDS_DTYPE, batch 1, 8 and 32)"
 "$PY" -m benchmarks.speed.frontends --device "$DEVICE" --dtype "$FRONTENDS_DTYPE" --batches 1,8,32 \
