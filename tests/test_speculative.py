@@ -372,7 +372,7 @@ def test_generate_speculative_writes_the_full_depth_completions_and_reports_acce
         assert output.read_text() == dense
         summary = report.summary()
         for part in ("lossless speculative decoding", "acceptance", "tokens per verification", "of a full-depth step",
-                     "bound (1 - a^(K+1)) / ((1 - a)(K c + 1))", "tokens/s"):
+                     "bound (1 - a^(K+1)) / ((1 - a)(K c + v))", "tokens/s"):
             assert part in summary, (part, summary)
         assert ("measured speedup" in summary) == compare, summary
         assert report.speculation.stats.speculation.judged >= report.speculation.stats.speculation.accepted > 0

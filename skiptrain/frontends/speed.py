@@ -123,7 +123,7 @@ class SpeculationReport:
                 f"{self.acceptance:.2f} ({speculation.accepted} of {speculation.judged} judged drafts), "
                 f"{speculation.tokens_per_verification:.2f} tokens per verification, draft step "
                 f"{self.draft_cost:.2f} of a full-depth step (verification {self.verify_cost:.2f}); bound "
-                f"(1 - a^(K+1)) / ((1 - a)(K c + 1)) = {self.bound:.2f}x")
+                f"(1 - a^(K+1)) / ((1 - a)(K c + v)) = {self.bound:.2f}x")
         if self.dense is not None:
             line += (f"; same output at full depth {self.dense.tokens_per_s:.1f} tokens/s: measured speedup "
                      f"{self.measured_speedup:.2f}x, {self.measured_speedup / self.bound:.0%} of the bound")
