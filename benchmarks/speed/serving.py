@@ -13,7 +13,9 @@ of the schedule (:func:`skiptrain.core.speedup.parameter_read_speedup`):
         --out benchmarks/results/serving/smollm2_e2e_joint_flat2x_prefix_off.json             # the tested venv
 
 ``--prefix-caching on`` (both vLLM steps; the join refuses parts that differ) times vLLM's prefix caching: every
-round after the first finds the prompts' full KV blocks cached and prefills only the rest.
+round after the first finds the prompts' full KV blocks cached and prefills only the rest. Only full blocks are
+reused: vLLM's CPU blocks hold 128 tokens, more than these prompts (34-63 tokens), so ``--block-size 32`` gives
+them a block to reuse.
 
 Timing: :mod:`benchmarks.common.timing`. Each concurrency is timed in ``--rounds`` rounds after ``--warmup`` untimed
 ones (and the engine start); the speedup is the median of the per-round ratios dense s / plugin s with its spread,
@@ -111,6 +113,7 @@ def run_vllm(args: argparse.Namespace) -> dict:
         llm = LLM(model=str(args.export), dtype=args.dtype, enforce_eager=True,
                   enable_prefix_caching=args.prefix_caching == "on",
                   max_model_len=512, kv_cache_memory_bytes=256 << 20, seed=0,
+                  **({"block_size": args.block_size} if args.block_size else {}),
                   **({"hf_overrides": hf_overrides(args.export)} if args.mode == "skip" else {}))
         startup = time.perf_counter() - started
     load_before = list(os.getloadavg())
@@ -135,7 +138,7 @@ def run_vllm(args: argparse.Namespace) -> dict:
     rows = {str(c): {"tokens_per_s": c * args.new_tokens / median_wall(timed), "passes": [asdict(p) for p in timed]}
             for c, timed in passes.items()}
     return {"frontend": f"vllm_{args.mode}", "vllm": vllm.__version__, "torch": torch.__version__,
-            "prefix_caching": args.prefix_caching,
+            "prefix_caching": args.prefix_caching, "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
             "engine_start_seconds": startup, "turns": turn_schedule(rounds, args.concurrency) if args.turns else None,
             "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
             "concurrency": rows, "token_ids": outputs}
@@ -185,9 +188,9 @@ def join(args: argparse.Namespace) -> dict:
     model, schedule, _ = load_exported(args.export)
     parts = {part["frontend"]: part for part in (json.loads(Path(p).read_text()) for p in args.parts)}
     skip, dense, own = parts["vllm_skip"], parts["vllm_dense"], parts.get("skiptrain")
-    if skip["prefix_caching"] != dense["prefix_caching"]:
-        raise SystemExit(f"the vLLM parts differ in prefix caching: skip {skip['prefix_caching']}, dense "
-                         f"{dense['prefix_caching']}")
+    cache = [(part["prefix_caching"], part.get("block_size")) for part in (skip, dense)]  # None: vLLM's default
+    if cache[0] != cache[1]:
+        raise SystemExit(f"the vLLM parts differ in (prefix caching, block size): skip {cache[0]}, dense {cache[1]}")
     result = {
         "commands": [part["command"] for part in parts.values()],
         "machine": parts["vllm_skip"]["machine"],
@@ -202,6 +205,7 @@ def join(args: argparse.Namespace) -> dict:
         "load_average": {name: [part["load_average_before"], part["load_average_after"]]
                          for name, part in (("skip", skip), ("dense", dense))},
         "vllm": skip["vllm"], "torch": skip["torch"], "prefix_caching": skip["prefix_caching"],
+        "block_size": skip.get("block_size"),
         "engine_start_seconds": {"skip": skip["engine_start_seconds"], "dense": dense["engine_start_seconds"]},
         "concurrency": {},
     }
@@ -248,6 +252,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--prefix-caching", choices=["on", "off"], default="off",
                         help="vLLM's prefix caching (on: the rounds after the first reuse the prompts' full KV blocks)")
+    parser.add_argument("--block-size", type=int, default=None, help="vLLM's KV block size (default: vLLM's)")
     parser.add_argument("--parts", nargs="*", default=[])
     parser.add_argument("--turns", type=Path, default=None, help="take turns with the other vLLM step (see above)")
     args = parser.parse_args()
