@@ -10,7 +10,7 @@ of the schedule (:func:`skiptrain.core.speedup.parameter_read_speedup`):
     python -m benchmarks.speed.serving vllm --export EXPORT --mode dense --turns TURNS --out dense.json  # vLLM venv
     python -m benchmarks.speed.serving skiptrain --export EXPORT --out own.json                # the tested venv
     python -m benchmarks.speed.serving join --export EXPORT --parts skip.json dense.json own.json \\
-        --out benchmarks/results/serving/smollm2_e2e_joint_flat2x_prefix_off.json             # the tested venv
+        --out benchmarks/results/serving/smollm2_e2e_joint_flat2x_prefix_off_run1.json        # the tested venv
 
 ``--prefix-caching on`` (both vLLM steps; the join refuses parts that differ) times vLLM's prefix caching: every
 round after the first finds the prompts' full KV blocks cached and prefills only the rest. Only full blocks are
