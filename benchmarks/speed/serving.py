@@ -10,7 +10,12 @@ of the schedule (:func:`skiptrain.core.speedup.parameter_read_speedup`):
     python -m benchmarks.speed.serving vllm --export EXPORT --mode dense --turns TURNS --out dense.json  # vLLM venv
     python -m benchmarks.speed.serving skiptrain --export EXPORT --out own.json                # the tested venv
     python -m benchmarks.speed.serving join --export EXPORT --parts skip.json dense.json own.json \\
-        --out benchmarks/results/vllm/smollm2_e2e_flat2x.json                                # the tested venv
+        --out benchmarks/results/serving/smollm2_e2e_joint_flat2x_prefix_off_run1.json        # the tested venv
+
+``--prefix-caching on`` (both vLLM steps; the join refuses parts that differ) times vLLM's prefix caching: every
+round after the first finds the prompts' full KV blocks cached and prefills only the rest. Only full blocks are
+reused: vLLM's CPU blocks hold 128 tokens, more than these prompts (34-63 tokens), so ``--block-size 32`` gives
+them a block to reuse.
 
 Timing: :mod:`benchmarks.common.timing`. Each concurrency is timed in ``--rounds`` rounds after ``--warmup`` untimed
 ones (and the engine start); the speedup is the median of the per-round ratios dense s / plugin s with its spread,
@@ -105,8 +110,10 @@ def run_vllm(args: argparse.Namespace) -> dict:
     sampling = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
     with turn:
         started = time.perf_counter()
-        llm = LLM(model=str(args.export), dtype=args.dtype, enforce_eager=True, enable_prefix_caching=False,
+        llm = LLM(model=str(args.export), dtype=args.dtype, enforce_eager=True,
+                  enable_prefix_caching=args.prefix_caching == "on",
                   max_model_len=512, kv_cache_memory_bytes=256 << 20, seed=0,
+                  **({"block_size": args.block_size} if args.block_size else {}),
                   **({"hf_overrides": hf_overrides(args.export)} if args.mode == "skip" else {}))
         startup = time.perf_counter() - started
     load_before = list(os.getloadavg())
@@ -131,6 +138,7 @@ def run_vllm(args: argparse.Namespace) -> dict:
     rows = {str(c): {"tokens_per_s": c * args.new_tokens / median_wall(timed), "passes": [asdict(p) for p in timed]}
             for c, timed in passes.items()}
     return {"frontend": f"vllm_{args.mode}", "vllm": vllm.__version__, "torch": torch.__version__,
+            "prefix_caching": args.prefix_caching, "block_size": llm.llm_engine.vllm_config.cache_config.block_size,
             "engine_start_seconds": startup, "turns": turn_schedule(rounds, args.concurrency) if args.turns else None,
             "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
             "concurrency": rows, "token_ids": outputs}
@@ -180,10 +188,14 @@ def join(args: argparse.Namespace) -> dict:
     model, schedule, _ = load_exported(args.export)
     parts = {part["frontend"]: part for part in (json.loads(Path(p).read_text()) for p in args.parts)}
     skip, dense, own = parts["vllm_skip"], parts["vllm_dense"], parts.get("skiptrain")
+    cache = [(part["prefix_caching"], part.get("block_size")) for part in (skip, dense)]  # None: vLLM's default
+    if cache[0] != cache[1]:
+        raise SystemExit(f"the vLLM parts differ in (prefix caching, block size): skip {cache[0]}, dense {cache[1]}")
     result = {
         "commands": [part["command"] for part in parts.values()],
         "machine": parts["vllm_skip"]["machine"],
-        "export": {"name": args.export.name, "base_model": "SmolLM2-135M-Instruct", "schedule": schedule.family,
+        "export": {"name": args.export.name, "schedule": schedule.family,
+                   "base_model": json.loads((args.export / "skip_schedule.json").read_text())["base_model"],
                    "layers_per_generated_token": schedule.mean_layers_per_token(args.new_tokens),
                    "num_layers": schedule.num_layers},
         "dtype": args.dtype, "new_tokens": args.new_tokens, "prompts": f"E2E test sources ({PROMPTS_CSV})",
@@ -192,7 +204,8 @@ def join(args: argparse.Namespace) -> dict:
         "interleaved": skip["turns"] is not None and dense["turns"] is not None, "turns": skip["turns"],
         "load_average": {name: [part["load_average_before"], part["load_average_after"]]
                          for name, part in (("skip", skip), ("dense", dense))},
-        "vllm": skip["vllm"], "torch": skip["torch"],
+        "vllm": skip["vllm"], "torch": skip["torch"], "prefix_caching": skip["prefix_caching"],
+        "block_size": skip.get("block_size"),
         "engine_start_seconds": {"skip": skip["engine_start_seconds"], "dense": dense["engine_start_seconds"]},
         "concurrency": {},
     }
@@ -204,6 +217,7 @@ def join(args: argparse.Namespace) -> dict:
         entry = {
             "vllm_skip_tokens_per_s": row["tokens_per_s"],
             "vllm_dense_tokens_per_s": dense["concurrency"][concurrency]["tokens_per_s"],
+            "layer_count_limit": schedule.num_layers / schedule.mean_layers_per_token(args.new_tokens),
             "parameter_read_limit": limit,
             "vllm_skip_speedup": speedup["wall"]["median"] if "wall" in speedup else None,
             "vllm_skip_speedup_claim": speedup["claim_wall"],
@@ -236,6 +250,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (pairs) per concurrency")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--prefix-caching", choices=["on", "off"], default="off",
+                        help="vLLM's prefix caching (on: the rounds after the first reuse the prompts' full KV blocks)")
+    parser.add_argument("--block-size", type=int, default=None, help="vLLM's KV block size (default: vLLM's)")
     parser.add_argument("--parts", nargs="*", default=[])
     parser.add_argument("--turns", type=Path, default=None, help="take turns with the other vLLM step (see above)")
     args = parser.parse_args()
