@@ -71,6 +71,8 @@ class DecodeStats:
         seconds: Wall time of the decoding calls.
         speculation: With speculative decoding, what was drafted and accepted over all batches.
         step_seconds: With speculative decoding, the wall time per kind of forward call.
+        full_depth_step_seconds: With speculative decoding, a full-depth step's wall time over the batch the
+            speedup warning judged (:func:`full_depth_step_seconds`), ``None`` where none was timed.
     """
 
     schedule: SkipSchedule
@@ -78,6 +80,7 @@ class DecodeStats:
     seconds: float
     speculation: SpeculationStats | None = None
     step_seconds: StepSeconds | None = None
+    full_depth_step_seconds: float | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -125,7 +128,7 @@ def complete(
     seconds, speculation, step_seconds = 0.0, SpeculationStats(), StepSeconds()
     eos = tokenizer.eos_token_id if stop_at_eos else None
     stopping = StoppingCriteriaList([StopStringCriteria(tokenizer, list(request.stop))]) if request.stop else None
-    advised = not (advise and request.speculative)
+    advised, dense_step = not (advise and request.speculative), None
     vocab = torch.tensor(read_draft_vocab(request.draft_vocab)) if request.draft_vocab and request.speculative \
         else None
     for ids, mask in decoder.batches(prompts, request.batch_size):
@@ -143,13 +146,14 @@ def complete(
         decoder.synchronize()
         seconds += time.perf_counter() - started
         if not advised:  # a full-depth step of this batch, timed outside the decode's cost
+            dense_step = full_depth_step_seconds(decoder, ids, mask, request)
             advised = warn_unless_speculation_pays(out.stats, out.seconds, request.speculative,
-                                                   full_depth_step_seconds(decoder, ids, mask, request)) is not None
+                                                   dense_step) is not None
         rows = zip(out.tokens.tolist(), out.lengths.tolist(), out.texts(tokenizer), strict=True)
         for row, n, text in rows:
             completions.append(Completion(prompt_text(prompts[len(completions)]), text, n, row[:n]))  # in order
     stats = DecodeStats(schedule, tuple(c.num_tokens for c in completions), seconds,
-                        *((speculation, step_seconds) if request.speculative else ()))
+                        *((speculation, step_seconds, dense_step) if request.speculative else ()))
     return completions, stats
 
 

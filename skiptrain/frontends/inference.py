@@ -47,7 +47,7 @@ def generate_report(
     if request.compare_dense:
         dense = dataclasses.replace(request, speculative=0)
         full_depth = complete(decoder, Dense().build(schedule.num_layers), prompts, dense)[1]
-    step = dense_step_seconds(decoder, prompts, request)
+    step = stats.full_depth_step_seconds or dense_step_seconds(decoder, prompts, request)  # timed once at most
     return GenerationReport(completions, used, stats,
                             speculation=SpeculationReport(request.speculative, stats, step, full_depth))
 
