@@ -44,7 +44,10 @@ def training_summary(study: str, name: str) -> dict | None:
     final = validated[-1] if validated else {}
     steps = max(int(r["step"]) for r in rows) + 1
     wall_seconds = int((run / "wall_seconds").read_text())
-    return {"wall_seconds": wall_seconds, "steps": steps,
+    peaks = run / "max_rss_kb"  # GNU time's peak resident memory of each attempt, in KiB (study.sh)
+    memory = ({"max_rss_gib": round(max(map(int, peaks.read_text().split())) / 2**20, 1)}
+              if peaks.is_file() and peaks.read_text().strip() else {})
+    return {"wall_seconds": wall_seconds, "steps": steps, **memory,
             "attempt_seconds": [*map(stopped_attempt_seconds, [log.parent for log in logs[:-1]]), wall_seconds],
             "val_loss_schedule": float(final["val/loss_skip"]) if final else None,
             "val_loss_dense": float(final["val/loss_dense"]) if final else None,
@@ -75,9 +78,15 @@ def trained_precision(trained: dict | None) -> str:
     return (trained or {}).get("precision", UNRECORDED)
 
 
+def trained_run(name: str) -> str:
+    """The run a scored row comes from: ``NAME`` for ``NAME@DECODE`` (decoded otherwise) and for ``...+epochE[_sN]``
+    (its checkpoint at the end of epoch E, study.sh's EPOCH)."""
+    return re.sub(r"\+epoch\d+(?=_s\d+$|$)", "", name.split("@")[0])
+
+
 def precision(study: str, name: str) -> str:
-    """The precision run ``name`` (or the run it decodes, ``NAME@SCHEDULE``) trained in, as recorded."""
-    return trained_precision(training_summary(study, name.split("@")[0]))
+    """The precision the run of scored row ``name`` (:func:`trained_run`) trained in, as recorded."""
+    return trained_precision(training_summary(study, trained_run(name)))
 
 
 def attempt_seconds(trained: dict) -> list[int]:
@@ -154,7 +163,7 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, splits in sorted(scores.items(), key=lambda item: -item[1].get("dev", {}).get(args.metric, 0)):
         dev, devmatch, test = splits.get("dev"), splits.get("devmatch"), splits.get("test")
-        run = name.split("@")[0]
+        run = trained_run(name)
         trained = record_training(args.study, run) if args.record and run == name else training_summary(args.study, run)
 
         def value(split, key, scale=100.0, digits=1):
