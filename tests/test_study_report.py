@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks.quality import data_curve, study_report
+from benchmarks.quality import curve, study_report
 from benchmarks.quality.trained_on import record_attempt, resolved_precision
 from skiptrain.modeling.precision import cpu_bf16_feature
 
@@ -16,18 +16,19 @@ MACHINE = {"cpu": "a CPU", "cores": 2}
 
 @pytest.fixture
 def results(tmp_path, monkeypatch):
-    """``add(name, test_bleu, precision, attempts=1)``: a scored and recorded run of an ``e2e`` study under
-    ``tmp_path`` that trained in ``attempts`` attempts (a stopped run resumes in a new one)."""
+    """``add(name, test_bleu, precision, attempts=1, splits=("test", "devmatch"))``: a run of an ``e2e`` study under
+    ``tmp_path`` scored ``test_bleu`` (and as much ROUGE-L) on ``splits``, and recorded as trained in ``attempts``
+    attempts (a stopped run resumes in a new one)."""
     monkeypatch.setattr(study_report, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(study_report, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(data_curve, "RESULTS", tmp_path / "results")
     folder = tmp_path / "results" / "e2e" / "study"
     folder.mkdir(parents=True)
 
-    def add(name: str, test_bleu: float, precision: str, attempts: int = 1) -> None:
+    def add(name: str, test_bleu: float, precision: str, attempts: int = 1,
+            splits: tuple[str, ...] = ("test", "devmatch")) -> None:
         score = {"bleu": test_bleu, "rouge_l": test_bleu, "ideal_speedup_over_generated_tokens": 1.0}
-        (folder / f"{name}.test.json").write_text(json.dumps(score))
-        (folder / f"{name}.devmatch.json").write_text(json.dumps(score))
+        for split in splits:
+            (folder / f"{name}.{split}.json").write_text(json.dumps(score))
         trained = {"wall_seconds": 600, "steps": 10, "val_loss_schedule": 1.0, "val_loss_dense": 1.0,
                    "precision": precision, "machines": [MACHINE] * attempts}
         (folder / f"{name}.train.json").write_text(json.dumps(trained))
@@ -49,7 +50,7 @@ def table(capsys, monkeypatch):
     return run
 
 
-def test_the_data_curve_divides_each_precision_by_its_own_ceiling_and_never_pools_across_them(results, table,
+def test_the_pairs_curve_divides_each_precision_by_its_own_ceiling_and_never_pools_across_them(results, table,
                                                                                               tmp_path):
     results("dense+lora_all_r64+train4k", 0.60, "bf16-mixed")
     results("dense+lora_all_r64+train4k_s1", 0.62, "bf16-mixed")
@@ -58,15 +59,20 @@ def test_the_data_curve_divides_each_precision_by_its_own_ceiling_and_never_pool
     results("flat2x+lora_all_r64+train4k_s1", 0.40, "32-true")
     results("dense+lora_all_r64+train4k+fp32", 0.50, "32-true")
     results("flat2x+lora_all_r64+train4k+fp32", 0.45, "32-true")
-    results("flat2x+lora_all_r64+train4k+two_epochs", 0.70, "bf16-mixed")  # another lever: not on the curve
-    rows = {(row[1], row[2]): row for row in table(data_curve, "e2e")}
-    assert set(rows) == {("bf16-mixed", "dense+lora_all_r64"), ("bf16-mixed", "flat2x+lora_all_r64"),
-                         ("32-true", "dense+lora_all_r64"), ("32-true", "flat2x+lora_all_r64")}
-    bf16, fp32 = rows["bf16-mixed", "flat2x+lora_all_r64"], rows["32-true", "flat2x+lora_all_r64"]
+    results("dense+lora_all_r64", 0.50, "bf16-mixed")  # the study base's 2,000 pairs
+    results("flat2x+lora_all_r64", 0.45, "bf16-mixed")
+    results("flat2x+lora_all_r64+train4k+two_epochs", 0.70, "bf16-mixed")  # another lever, at one size: no curve
+    rows = {(row[0], row[1], row[2]): row for row in table(curve, "e2e", "--axis", "pairs")}
+    assert set(rows) == {("2000", "bf16-mixed", "dense+lora_all_r64"), ("2000", "bf16-mixed", "flat2x+lora_all_r64"),
+                         ("4000", "bf16-mixed", "dense+lora_all_r64"), ("4000", "bf16-mixed", "flat2x+lora_all_r64"),
+                         ("4000", "32-true", "dense+lora_all_r64"), ("4000", "32-true", "flat2x+lora_all_r64")}
+    assert curve.read_curve("e2e", curve.AXES["pairs"]).left_out == ["flat2x+lora_all_r64+two_epochs"]
+    assert rows["2000", "bf16-mixed", "flat2x+lora_all_r64"][5] == "90%"
+    bf16, fp32 = rows["4000", "bf16-mixed", "flat2x+lora_all_r64"], rows["4000", "32-true", "flat2x+lora_all_r64"]
     assert (bf16[3], bf16[4], bf16[5]) == ("1/1", "58.0", "95%")  # of the bf16 ceiling's mean, 61
     assert (fp32[3], fp32[4], fp32[5]) == ("2/2", "42.5", "85%")  # 40 and 45 pooled, of the fp32 ceiling's 50
     plot = tmp_path / "curve.png"
-    assert table(data_curve, "e2e", "--plot", str(plot)) == list(rows.values())
+    assert table(curve, "e2e", "--axis", "pairs", "--plot", str(plot)) == list(rows.values())
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
@@ -99,15 +105,17 @@ def test_a_resumed_runs_train_minutes_add_up_its_attempts(results, table, tmp_pa
     results("dense+lora_all_r64+train8k", 0.60, "32-true")
     results("dense+lora_all_r64+train8k_s1", 0.60, "32-true")
     results("flat2x+lora_all_r64+train8k", 0.58, "32-true")
+    results("dense+lora_all_r64", 0.50, "32-true")  # the curve's other size
+    results("flat2x+lora_all_r64", 0.45, "32-true")
     stopped_and_resumed_run(tmp_path / "runs/e2e/dense+lora_all_r64+train8k", stopped_for=300, last_attempt=1500)
     summary = study_report.training_summary("e2e", "dense+lora_all_r64+train8k")
     assert (summary["attempt_seconds"], summary["steps"], summary["val_loss_schedule"]) == ([300, 1500], 10, 1.2)
     rows = {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+lora_all_r64+train8k", "--record")}
     assert rows["dense+lora_all_r64+train8k"][-1] == "30 (2 attempts)"
     assert rows["dense+lora_all_r64+train8k_s1"][-1] == rows["flat2x+lora_all_r64+train8k"][-1] == "10"
-    curve = {row[2]: row for row in table(data_curve, "e2e")}
-    assert curve["dense+lora_all_r64"][-1] == "20 (1 resumed)"  # the mean of 30 and 10 minutes
-    assert curve["flat2x+lora_all_r64"][-1] == "10"
+    points = {row[2]: row for row in table(curve, "e2e", "--axis", "pairs") if row[0] == "8000"}
+    assert points["dense+lora_all_r64"][-1] == "20 (1 resumed)"  # the mean of 30 and 10 minutes
+    assert points["flat2x+lora_all_r64"][-1] == "10"
     # the record keeps the attempts, so the committed results rebuild the same table without the run directory
     shutil.rmtree(tmp_path / "runs")
     assert {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+lora_all_r64+train8k")} == rows
@@ -117,6 +125,8 @@ def test_a_run_whose_time_was_lost_keeps_its_share_and_reads_as_untimed(results,
     results("dense+lora_all_r64+train8k", 0.60, "32-true")
     results("flat2x+lora_all_r64+train8k", 0.57, "32-true")
     results("flat2x+lora_all_r64+train8k_s1", 0.63, "32-true")
+    results("dense+lora_all_r64", 0.50, "32-true")  # the curve's other size
+    results("flat2x+lora_all_r64", 0.45, "32-true")
     # recorded afterwards, without its run directory: the precision its lever fixes, no time and no losses
     lost = {"wall_seconds": None, "steps": 10, "val_loss_schedule": None, "val_loss_dense": None,
             "precision": "32-true"}
@@ -124,9 +134,9 @@ def test_a_run_whose_time_was_lost_keeps_its_share_and_reads_as_untimed(results,
     rows = {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+lora_all_r64+train8k")}
     assert rows["flat2x+lora_all_r64+train8k_s1"][6] == "105%"
     assert rows["flat2x+lora_all_r64+train8k_s1"][-2:] == ["-", "-"]
-    curve = {row[2]: row for row in table(data_curve, "e2e")}
-    assert curve["flat2x+lora_all_r64"][3:6] == ["2/2", "60.0", "100%"]
-    assert curve["flat2x+lora_all_r64"][-1] == "10 (1 untimed)"  # the mean of the seeds that kept their time
+    points = {row[2]: row for row in table(curve, "e2e", "--axis", "pairs") if row[0] == "8000"}
+    assert points["flat2x+lora_all_r64"][3:6] == ["2/2", "60.0", "100%"]
+    assert points["flat2x+lora_all_r64"][-1] == "10 (1 untimed)"  # the mean of the seeds that kept their time
 
 
 def test_a_run_records_its_training_beside_its_scores_as_it_finishes(results, table, tmp_path, monkeypatch):
