@@ -238,3 +238,83 @@ def test_an_epoch_row_is_the_run_it_was_kept_by_and_a_run_records_its_peak_memor
     assert "max_rss_gib" not in study_report.training_summary("e2e", "dense+five_epochs")
     rows = {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+five_epochs+epoch1")}
     assert rows["flat2x+five_epochs+epoch1"][1] == "32-true"  # its run's (the test's results() stub is not read)
+
+
+FIVE = "lora_all_r64+fp32+accumulate2+five_epochs"  # a five-epoch run of the summarisation studies
+
+
+def five_epoch_run(results, schedule: str, scores: dict[int, float], precision: str = "32-true",
+                   levers: str = FIVE, seed: str = "") -> None:
+    """A five-epoch run scored on test and dev: its own row is epoch 5, study.sh EPOCH=E rows (``+epochE``) the
+    others; only the run itself records its training (10 minutes)."""
+    run = f"{schedule}+{levers}"
+    for epoch, score in scores.items():
+        name = f"{run}{seed}" if epoch == 5 else f"{run}+epoch{epoch}{seed}"
+        results(name, score, precision, splits=("test", "dev"))
+        if epoch != 5:
+            (study_report.RESULTS / "e2e/study" / f"{name}.train.json").unlink()
+
+
+def test_the_epochs_curve_divides_each_epoch_by_the_dense_run_at_that_epoch(results, table):
+    five_epoch_run(results, "dense", {1: 0.20, 3: 0.30, 5: 0.40})
+    five_epoch_run(results, "dense", {1: 0.22, 3: 0.30, 5: 0.40}, seed="_s1")
+    five_epoch_run(results, "flat2x", {1: 0.189, 3: 0.285, 5: 0.392})
+    # EPOCH=5 scores the run's final checkpoint again: one model, not a second seed
+    results("flat2x+lora_all_r64+fp32+accumulate2+five_epochs+epoch5", 0.392, "32-true", splits=("test", "dev"))
+    # one-epoch runs, the learning rate annealed over that epoch, and their two-epoch twins: a line of their own
+    for schedule, one, two in (("dense", 0.20, 0.25), ("flat2x", 0.10, 0.20)):
+        results(f"{schedule}+lora_all_r64+fp32", one, "32-true", splits=("test", "dev"))
+        results(f"{schedule}+lora_all_r64+fp32+two_epochs", two, "32-true", splits=("test", "dev"))
+    results("flat3x+lora_all_r64+fp32", 0.10, "32-true", splits=("test", "dev"))  # one epoch count only
+    rows = {(row[0], row[2]): row for row in table(curve, "e2e", "--axis", "epochs", "--metric", "rouge_l")}
+    skip, dense = "flat2x+lora_all_r64+accumulate2+five_epochs", "dense+lora_all_r64+accumulate2+five_epochs"
+    assert set(rows) == {(epoch, line) for epoch in ("1", "3", "5") for line in (skip, dense)} | {
+        ("1", "dense+lora_all_r64"), ("2", "dense+lora_all_r64"), ("1", "flat2x+lora_all_r64"),
+        ("2", "flat2x+lora_all_r64")}
+    assert rows["1", dense][3:6] == ["2/2", "21.0", "100%"]
+    assert rows["1", skip][3:] == ["1/1", "18.9", "90%", "18.9", "90%", "1.00x", "2"]  # 10 minutes x 1/5
+    assert rows["3", skip][5] == "95%"
+    assert rows["5", skip][3:6] == ["1/1", "39.2", "98%"]
+    assert rows["5", skip][-1] == "10"
+    assert (rows["1", "flat2x+lora_all_r64"][5], rows["2", "flat2x+lora_all_r64"][5]) == ("50%", "80%")
+    assert curve.read_curve("e2e", curve.AXES["epochs"]).left_out == ["flat3x+lora_all_r64"]
+
+
+def test_an_epoch_point_scored_on_dev_alone_keeps_its_dev_share_and_says_where_its_speedup_is_from(results, table):
+    # SPLITS=dev holds the test split back until a configuration is chosen
+    five_epoch_run(results, "dense", {1: 0.20, 5: 0.40})
+    five_epoch_run(results, "flat2x", {1: 0.18, 5: 0.36})
+    (study_report.RESULTS / "e2e/study/flat2x+lora_all_r64+fp32+accumulate2+five_epochs+epoch1.test.json").unlink()
+    rows = {(row[0], row[2]): row for row in table(curve, "e2e", "--axis", "epochs", "--metric", "rouge_l")}
+    assert rows["1", "flat2x+lora_all_r64+accumulate2+five_epochs"][3:9] == ["0/1", "-", "-", "18.0", "90%",
+                                                                             "1.00x (dev)"]
+
+
+def test_the_epochs_curve_keeps_each_precision_apart(results, table):
+    five_epoch_run(results, "dense", {1: 0.20, 5: 0.40})
+    five_epoch_run(results, "flat2x", {1: 0.18, 5: 0.36})
+    bf16 = "lora_all_r64+accumulate2+five_epochs"  # the same levers trained in bf16-mixed: their own ceiling
+    five_epoch_run(results, "dense", {1: 0.10, 5: 0.30}, precision="bf16-mixed", levers=bf16)
+    five_epoch_run(results, "flat2x", {1: 0.07, 5: 0.24}, precision="bf16-mixed", levers=bf16)
+    rows = {(row[0], row[1], row[2]): row[5]
+            for row in table(curve, "e2e", "--axis", "epochs", "--metric", "rouge_l")}
+    line = "flat2x+lora_all_r64+accumulate2+five_epochs"
+    assert (rows["1", "32-true", line], rows["5", "32-true", line]) == ("90%", "90%")
+    assert (rows["1", "bf16-mixed", line], rows["5", "bf16-mixed", line]) == ("70%", "80%")
+
+
+def test_a_lever_set_forms_its_own_line_and_its_ceiling_leaves_out_only_the_levers_named(results, table, tmp_path):
+    five_epoch_run(results, "dense", {1: 0.20, 3: 0.30, 5: 0.40})
+    five_epoch_run(results, "flat2x", {1: 0.18, 3: 0.27, 5: 0.36})
+    joint = "lora_all_r64+fp32+accumulate2+joint+five_epochs"
+    five_epoch_run(results, "flat2x", {1: 0.16, 5: 0.38}, levers=joint)
+    line = "flat2x+lora_all_r64+accumulate2+joint+five_epochs"
+    rows = {(row[0], row[2]): row for row in table(curve, "e2e", "--axis", "epochs", "--metric", "rouge_l")}
+    assert rows["1", line][4:6] == ["16.0", "-"]  # no dense run trained with joint: no share
+    plot = tmp_path / "epochs.png"
+    rows = {(row[0], row[2]): row for row in table(curve, "e2e", "--axis", "epochs", "--metric", "rouge_l",
+                                                   "--ceiling-without", "joint", "--plot", str(plot))}
+    assert (rows["1", line][5], rows["5", line][5]) == ("80%", "95%")  # of the dense five-epoch run without joint
+    assert rows["3", "flat2x+lora_all_r64+accumulate2+five_epochs"][5] == "90%"
+    assert ("3", line) not in rows
+    assert plot.read_bytes().startswith(b"\x89PNG")

@@ -289,7 +289,7 @@ def plot(curve: Curve, metric: str, path: str) -> None:
             panel.set_xticks(positions, [f"{position:,}" for position in positions])
             panel.grid(alpha=0.3)
     panels[0][0].set_ylabel(f"{metric} share of the same-budget dense ceiling (%)")
-    panels[1][0].set_ylabel(metric)
+    panels[1][0].set_ylabel(f"{metric} (mean of the seeds)")
     handles, labels = panels[1][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8, title_fontsize=8,
                   title="filled marker: two or more seeds" + (f"; every line: {'+'.join(sorted(common))}" if common
