@@ -278,6 +278,8 @@ def test_the_epochs_curve_divides_each_epoch_by_the_dense_run_at_that_epoch(resu
     assert rows["5", skip][-1] == "10"
     assert (rows["1", "flat2x+lora_all_r64"][5], rows["2", "flat2x+lora_all_r64"][5]) == ("50%", "80%")
     assert curve.read_curve("e2e", curve.AXES["epochs"]).left_out == ["flat3x+lora_all_r64"]
+    with pytest.raises(SystemExit, match="no study 'xsum'"):  # a study that scored nothing yet, or a typo
+        table(curve, "xsum", "--axis", "epochs")
 
 
 def test_an_epoch_point_scored_on_dev_alone_keeps_its_dev_share_and_says_where_its_speedup_is_from(results, table):

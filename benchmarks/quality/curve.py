@@ -160,9 +160,11 @@ class Curve:
 
     @property
     def splits(self) -> tuple[str, str]:
+        """The test split, then the dev split the axis's choices are made on."""
         return "test", self.axis.dev[0]
 
     def ceiling(self, position: int, trained_in: str, configuration: str) -> list[str]:
+        """The seeds of a point's ceiling (none where its dense run was not scored there)."""
         return self.groups.get((position, trained_in, ceiling_of(configuration, self.without)), [])
 
     def lines(self) -> list[tuple[str, str]]:
@@ -172,8 +174,13 @@ class Curve:
 
 
 def read_curve(study: str, axis: Axis, without: list[str] = ()) -> Curve:
+    """The study's scores (benchmarks/results/STUDY/study/NAME.SPLIT.json) placed on ``axis``; ``without``: the
+    levers that the ceilings leave out."""
+    folder = study_report.RESULTS / study / "study"
+    if not folder.is_dir():
+        raise SystemExit(f"no study {study!r}: {folder} is missing (studies: e2e, xsum, cnndm)")
     scores: dict[str, dict[str, dict]] = {}
-    for path in (study_report.RESULTS / study / "study").glob("*.json"):
+    for path in folder.glob("*.json"):
         name, _, split = path.name.removesuffix(".json").rpartition(".")
         if split in study_report.SPLITS:
             scores.setdefault(name, {})[split] = json.loads(path.read_text())
@@ -224,9 +231,9 @@ def row(curve: Curve, runs: list[str], ceiling: list[str], metric: str) -> list[
 
 
 def print_table(curve: Curve, metric: str) -> None:
-    test, (_, dev) = "test", curve.axis.dev
-    print(f"| {curve.axis.heading} | precision | configuration | seeds: {test} / {dev} | {test} {metric} "
-          f"| {test} share of the same-budget ceiling | {dev} {metric} | {dev} share "
+    dev = curve.axis.dev[1]
+    print(f"| {curve.axis.heading} | precision | configuration | seeds: test / {dev} | test {metric} "
+          f"| test share of the same-budget ceiling | {dev} {metric} | {dev} share "
           f"| layer-count speedup over generated tokens (test) | {curve.axis.minutes} |")
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     order = {line: index for index, line in enumerate(curve.lines())}
@@ -301,7 +308,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study")
     parser.add_argument("--axis", choices=sorted(AXES), required=True)
-    parser.add_argument("--metric", default="bleu", help="bleu (E2E) or rouge_l")
+    parser.add_argument("--metric", default="bleu", choices=("bleu", "rouge_l", "rouge_1", "rouge_2"),
+                        help="bleu (E2E) or rouge_l (the summarisation studies)")
     parser.add_argument("--ceiling-without", metavar="LEVER", action="append", default=[],
                         help="divide a configuration with this lever by the dense run without it (e.g. joint); "
                         "repeatable")
