@@ -33,6 +33,14 @@ from skiptrain.frontends.decode import Decoder, complete
 from skiptrain.frontends.request import GenerationRequest
 
 
+def quality(predictions: list[str], references: list[list[str]]) -> dict[str, float]:
+    """Multi-reference SacreBLEU and ROUGE-1/2/L F-measures of ``predictions`` (one list of references each), as
+    the scores record them (also re-scored from the outputs: ``benchmarks/quality/headline.py``)."""
+    rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL"))(predictions, references)
+    return {"bleu": SacreBLEUScore()(predictions, references).item(), "rouge_l": rouge["rougeL_fmeasure"].item(),
+            "rouge_1": rouge["rouge1_fmeasure"].item(), "rouge_2": rouge["rouge2_fmeasure"].item()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", required=True)
@@ -57,7 +65,6 @@ def main() -> None:
                                   GenerationRequest(max_new_tokens=args.max_new_tokens, sampling=sampling))
     predictions = [c.completion for c in completions]
 
-    rouge = ROUGEScore(rouge_keys=("rouge1", "rouge2", "rougeL"))(predictions, references)
     result = {
         "name": args.name,
         "checkpoint": args.checkpoint or f"{cli.model.model_name} (no fine-tuning)",
@@ -66,10 +73,7 @@ def main() -> None:
         "configs": args.config,
         "data": args.data,
         "test_mrs": len(predictions),
-        "bleu": SacreBLEUScore()(predictions, references).item(),
-        "rouge_l": rouge["rougeL_fmeasure"].item(),
-        "rouge_1": rouge["rouge1_fmeasure"].item(),
-        "rouge_2": rouge["rouge2_fmeasure"].item(),
+        **quality(predictions, references),
         "mean_generated_tokens": stats.num_tokens / len(completions),
         "mean_layers_per_generated_token": stats.mean_layers_per_token,
         "ideal_speedup_over_generated_tokens": stats.ideal_speedup,
