@@ -95,7 +95,7 @@ class Recipe:
     target: int
     task: str
     max_train_samples: int | None
-    epochs: int
+    epochs: float  # unbounded where max_steps ends the run (Lightning's: 1000 where neither is set)
     max_steps: int
     strategy: tuple[str, int, bool]  # single, ddp, deepspeed or fsdp; ZeRO stage; optimizer offloaded
 
@@ -116,6 +116,7 @@ def read_recipe(configs: list[str]) -> Recipe:
         cli = study_config([*configs, *(json.dumps({"model": stand_ins[key]}) for key in sorted(runs))])
     module, data, trainer, strategy = cli.model, cli.datamodule, cli.config.trainer, cli.trainer.strategy
     distillation, precision = module.distillation, str(trainer.precision)
+    epochs = trainer.max_epochs if trainer.max_epochs is not None else 1000 if trainer.max_steps < 0 else math.inf
     kind, stage, offload = {"DDPStrategy": "ddp"}.get(type(strategy).__name__, "single"), 0, False
     if hasattr(strategy, "zero_stage_3"):
         zero = strategy.config["zero_optimization"]
@@ -130,7 +131,7 @@ def read_recipe(configs: list[str]) -> Recipe:
         module.hparams.activation_checkpointing, ALIASES.get(precision, precision).replace("auto", "bf16-mixed"),
         module.hparams.get("dtype", "auto"), data.batching.batch_size, trainer.accumulate_grad_batches,
         data.lengths.max_source_tokens, data.lengths.max_target_tokens + 1, data.task_spec.name,
-        data.splits.max_train_samples, trainer.max_epochs or 1, trainer.max_steps, (kind, stage, offload))
+        data.splits.max_train_samples, epochs, trainer.max_steps, (kind, stage, offload))
 
 
 @functools.cache
@@ -247,41 +248,45 @@ def estimate(recipe: Recipe, gpu: str, gpus: int, examples: int | None = None) -
     """The Markdown block for one recipe on ``gpus`` GPUs of kind ``gpu``."""
     check_gpus(gpu, gpus)
     label, peak, capacity = GPUS[gpu]
-    size = examples or TRAIN_EXAMPLES.get(recipe.task)
-    if size is None:
+    size = min(examples or TRAIN_EXAMPLES.get(recipe.task) or math.inf, recipe.max_train_samples or math.inf)
+    if size == math.inf:
         raise UsageError(f"task={recipe.task!r} has no known training-set size: give --train-examples N (known: "
-                         f"{', '.join(TRAIN_EXAMPLES)})")
-    size = min(size, recipe.max_train_samples or size)
+                         f"{', '.join(TRAIN_EXAMPLES)}, or a recipe's data.max_train_samples)")
     shape = model_shape(recipe.model, recipe.lora)
     flops, memory = step_flops(shape, recipe), gpu_memory(shape, recipe, gpus)
     per_step, columns = recipe.batch * recipe.accumulate * gpus, recipe.prompt + recipe.target
     steps = math.ceil(size / per_step)
     run = min(steps * recipe.epochs, recipe.max_steps) if recipe.max_steps > 0 else steps * recipe.epochs
     hours = [sum(flops.values()) * steps / (peak * u) / 3600 for u in reversed(UTILISATION)]
-    total = sum(memory.values())
-    source = HUB_CONFIGS.get(recipe.model, ("",))[0]
+    total, source = sum(memory.values()), HUB_CONFIGS.get(recipe.model, ("",))[0]
     trained = "every weight (full fine-tuning)" if recipe.lora is None else \
         f"LoRA r={recipe.lora['r']} on {recipe.lora.get('target_modules') or 'the attention projections'}"
     strategy = recipe.strategy[0] + (f" ZeRO-{recipe.strategy[1]}" if recipe.strategy[1] else "")
     return "\n".join([
         f"#### {recipe.model} on {recipe.task}: expected, not run at this size",
         f"`{' + '.join(recipe.configs)}`: {recipe.precision}, {strategy}, {gpus} x {label}", "", "| | |", "|---|---|",
-        f"| parameters | {shape.parameters:,}" + (f" (hub config, revision {source})" if source else "") + " |",
+        f"| parameters, adapters included | {shape.parameters:,}"
+        + (f" (hub config, revision {source})" if source else "") + " |",
         f"| trained | {shape.trainable:,}: {trained} |",
         f"| schedule | {recipe.schedule.family}: {recipe.schedule.mean_layers_per_token(recipe.target):.1f} of "
         f"{recipe.schedule.num_layers} layers per target column, on average over {recipe.target} |",
         f"| tokens per optimizer step | <= {per_step:,} x {columns:,} = {per_step * columns:,} (every row at full "
         "truncation length: an upper bound) |",
-        f"| FLOPs per optimizer step, per GPU | {sum(flops.values()) / 1e15:.2f} PFLOP ("
-        + ", ".join(f"{k} {v / 1e15:.2f}" for k, v in flops.items()) + ") |",
+        f"| FLOPs per optimizer step, per GPU | {sum(flops.values()) / 1e12:,.4g} TFLOP ("
+        + ", ".join(f"{k} {v / 1e12:,.4g}" for k, v in flops.items()) + ") |",
         f"| steps per epoch | {steps:,} ({size:,} examples / {per_step} per step) |",
-        f"| time per epoch | {hours[0]:.1f}-{hours[1]:.1f} h: bf16 dense peak {peak / 1e12:.0f} TFLOPS per GPU, "
-        f"utilisation {UTILISATION[0]}-{UTILISATION[1]} assumed |",
-        f"| whole run | {run:,} steps: {hours[0] * run / steps:.1f}-{hours[1] * run / steps:.1f} h, "
-        f"{gpus * hours[0] * run / steps:.0f}-{gpus * hours[1] * run / steps:.0f} GPU-hours |",
+        f"| time per epoch | {span(hours)}: bf16 dense peak {peak / 1e12:.0f} TFLOPS per GPU, utilisation "
+        f"{UTILISATION[0]}-{UTILISATION[1]} assumed |",
+        f"| whole run | {run:,} steps: {span([h * run / steps for h in hours])}, "
+        f"{span([gpus * h * run / steps for h in hours])} of GPU time |",
         f"| memory per GPU | {total / 1e9:.1f} GB of {capacity} ("
-        + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in memory.items()) + ")"
+        + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in memory.items() if v >= 0.05e9) + ")"
         + (": does not fit" if total > 0.9e9 * capacity else "") + " |", ""])
+
+
+def span(hours: list[float]) -> str:
+    """``1.2-1.5 h``, or in minutes under an hour."""
+    return f"{hours[0]:.1f}-{hours[1]:.1f} h" if hours[1] >= 1 else f"{60 * hours[0]:.1f}-{60 * hours[1]:.1f} min"
 
 
 def check_gpus(gpu: str, gpus: int) -> None:
