@@ -36,7 +36,8 @@ def test_parameters_are_counted_exactly(family, lora, tiny_model_dir):
 
 
 def test_hub_configs_give_the_published_sizes():
-    """The recipes' hub models, from the table, at the sizes their model cards state (1.3B, 6.7B, 1.24B)."""
+    """The recipes' hub models, built from the table, have the parameter counts the hub's weights hold (1.3B, 6.7B
+    and 1.24B, as their model cards round them)."""
     sizes = {name: se.model_shape(name, None).parameters for name in se.HUB_CONFIGS}
     assert sizes == {"facebook/opt-1.3b": 1_315_758_080, "facebook/opt-6.7b": 6_658_473_984,
                      "meta-llama/Llama-3.2-1B": 1_235_814_400}
