@@ -261,7 +261,8 @@ def estimate(recipe: Recipe, gpu: str, gpus: int, examples: int | None = None) -
     total, source = sum(memory.values()), HUB_CONFIGS.get(recipe.model, ("",))[0]
     trained = "every weight (full fine-tuning)" if recipe.lora is None else \
         f"LoRA r={recipe.lora['r']} on {recipe.lora.get('target_modules') or 'the attention projections'}"
-    strategy = recipe.strategy[0] + (f" ZeRO-{recipe.strategy[1]}" if recipe.strategy[1] else "")
+    kind = "ddp" if recipe.strategy[0] == "single" and gpus > 1 else recipe.strategy[0]  # Lightning's choice then
+    strategy = kind + (f" ZeRO-{recipe.strategy[1]}" if recipe.strategy[1] else "")
     return "\n".join([
         f"#### {recipe.model} on {recipe.task}: expected, not run at this size",
         f"`{' + '.join(recipe.configs)}`: {recipe.precision}, {strategy}, {gpus} x {label}", "", "| | |", "|---|---|",
