@@ -39,7 +39,7 @@ for lever in "$@"; do
   done
 done
 export OMP_NUM_THREADS=${THREADS:-1}
-# One process trains a run: another that needs it (a lane of summaries.sh, a lever's teacher) waits for it here.
+# One process trains a run: another that needs it (a lane of queue.sh, a lever's teacher) waits for it here.
 exec 9> "$run/.training.lock"
 [ -n "${EPOCH:-}" ] || flock 9
 # (Not with EPOCH, which scores a checkpoint of a run that may still be training.)

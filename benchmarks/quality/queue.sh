@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# The summarisation study's rows (benchmarks/RESULTS.md, CNN/DailyMail and XSum at 2x) in the order they run, in two
-# lanes, one a core, from the repository root:
-#   nohup bash benchmarks/quality/summaries.sh 0 > runs/summaries_lane0.log 2>&1 &
-#   nohup bash benchmarks/quality/summaries.sh 1 > runs/summaries_lane1.log 2>&1 &
+# The quality studies' queued rows (the summarisation study: benchmarks/RESULTS.md, CNN/DailyMail and XSum at 2x; and the
+# E2E recipe's rows on its own draw) in the order they run, in two lanes, one a core, from the repository root:
+#   nohup bash benchmarks/quality/queue.sh 0 > runs/queue_lane0.log 2>&1 &
+#   nohup bash benchmarks/quality/queue.sh 1 > runs/queue_lane1.log 2>&1 &
 # Each row is one benchmarks/quality/study.sh configuration. A stopped row resumes from its last checkpoint and a
-# finished one is skipped, so a stopped lane is simply started again. Every row trains five epochs in float32 with
-# LoRA r=64 on every linear layer, as two micro-batches of 4 a step (accumulate2: about 8 GB a CNN/DailyMail training,
-# so the two lanes fit in 24 GiB together), and keeps its checkpoint at the end of each epoch.
+# finished one is skipped, so a stopped lane is simply started again. Every summarisation row trains five epochs in
+# float32 with LoRA r=64 on every linear layer, as two micro-batches of 4 a step (accumulate2: about 8 GB a
+# CNN/DailyMail training, so the two lanes fit in 24 GiB together), and keeps its checkpoint at the end of each epoch.
 # - Curve rows (dense and flat 2x): scored on dev and test at 5 epochs, and at epochs 1 and 3 (EPOCH=E) for the epochs
 #   curve (python -m benchmarks.quality.curve STUDY --axis epochs --metric rouge_l).
 # - Lever rows: scored on dev only (SPLITS=dev); the test split waits until dev has chosen a configuration.
+# - E2E rows: the E2E recipe's headline configuration (one epoch of 4,000 pairs) retrained on the pairs the recipe
+#   itself draws, two seeds each of dense and flat 2x.
 set -euo pipefail
-lane=${1:?usage: summaries.sh LANE (0 or 1: the core it runs on)}
+lane=${1:?usage: queue.sh LANE (0 or 1: the core it runs on)}
 five=(lora_all_r64 fp32 accumulate2 five_epochs)
 
 study() { CORE=$lane nice -n 10 bash benchmarks/quality/study.sh "$@"; }
@@ -27,19 +29,27 @@ lever_row() {  # SEED STUDY SCHEDULE LEVER ...
   SEED=$seed SPLITS=dev study "$name" "$schedule" "${five[@]}" "$@"
 }
 
+e2e_row() {  # SEED SCHEDULE: the E2E recipe's configuration on the recipe's own draw of 4,000 pairs (sample4k)
+  SEED=$1 study e2e "$2" lora_all_r64 sample4k fp32
+}
+
 case $lane in
   0)
     curve_row 0 cnndm dense
+    e2e_row 0 dense
+    e2e_row 1 dense
     curve_row 0 xsum dense
     curve_row 1 cnndm dense
     curve_row 1 xsum dense
     ;;
   1)
     curve_row 0 cnndm flat2x
+    e2e_row 0 flat2x
+    e2e_row 1 flat2x
     curve_row 0 xsum flat2x
     lever_row 0 cnndm flat2x distill_dense5  # its teacher is lane 0's first row (study.sh waits for it)
     curve_row 1 cnndm flat2x
     curve_row 1 xsum flat2x
     ;;
-  *) echo "summaries.sh: LANE=$lane is invalid: allowed 0 or 1" >&2; exit 2 ;;
+  *) echo "queue.sh: LANE=$lane is invalid: allowed 0 or 1" >&2; exit 2 ;;
 esac
