@@ -39,6 +39,7 @@ case $lane in
     e2e_row 0 dense
     e2e_row 1 dense
     curve_row 0 xsum dense
+    lever_row 0 cnndm flat2x joint  # also the lossless mode's draft on summaries (generate --speculative)
     curve_row 1 cnndm dense
     curve_row 1 xsum dense
     ;;
