@@ -51,6 +51,7 @@ case $lane in
     lever_row 0 cnndm flat2x distill_dense5  # its teacher is lane 0's first row (study.sh waits for it)
     curve_row 1 cnndm flat2x
     curve_row 1 xsum flat2x
+    curve_row 0 cnndm flat3x  # the 3x row
     ;;
   *) echo "queue.sh: LANE=$lane is invalid: allowed 0 or 1" >&2; exit 2 ;;
 esac
