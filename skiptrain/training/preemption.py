@@ -2,12 +2,16 @@
 
 Lightning turns SIGTERM into a ``SIGTERMException`` after the current training step and calls ``on_exception``
 hooks; :class:`PreemptionCheckpoint` saves ``last.ckpt`` there, so ``fit --ckpt_path .../last.ckpt`` resumes the
-run from the step it reached. The CLI adds it to every run. Lightning writes checkpoints atomically (to a temporary
-file renamed into place), so a write cut short leaves the previous ``last.ckpt`` as it was.
+run from the step it reached, and makes the process exit with status 143 (128 + SIGTERM, a shell's status for a
+process SIGTERM ended): Lightning's exception would exit 0, and a wrapper (``fit && export``, a study driver, a
+scheduler's epilogue) would take the stopped run for a finished one. The CLI adds it to every run. Lightning writes
+checkpoints atomically (to a temporary file renamed into place), so a write cut short leaves the previous
+``last.ckpt`` as it was.
 """
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import lightning as L
@@ -15,12 +19,17 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+STOPPED_BY_SIGTERM = 128 + signal.SIGTERM
+
 
 class PreemptionCheckpoint(Callback):
-    """Save ``last.ckpt`` (beside the run's other checkpoints) when fit stops on SIGTERM."""
+    """Save ``last.ckpt`` (beside the run's other checkpoints) when fit stops on SIGTERM, and exit with 143."""
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException) or not trainer.training:
+        if not isinstance(exception, SIGTERMException):
+            return
+        exception.code = STOPPED_BY_SIGTERM  # a SystemExit: the process's exit status once it propagates
+        if not trainer.training:
             return
         path = checkpoint_dir(trainer) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
         trainer.save_checkpoint(path)
@@ -35,4 +44,4 @@ def checkpoint_dir(trainer: L.Trainer) -> Path:
     return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints"
 
 
-__all__ = ["PreemptionCheckpoint", "checkpoint_dir"]
+__all__ = ["STOPPED_BY_SIGTERM", "PreemptionCheckpoint", "checkpoint_dir"]
