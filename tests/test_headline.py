@@ -31,7 +31,7 @@ def rows(at_root, tmp_path, monkeypatch):
     monkeypatch.setattr(study_report, "RUNS", tmp_path / "runs")
     folder = tmp_path / "results" / "cnndm" / "study"
     folder.mkdir(parents=True)
-    test_data = headline.study_env("cnndm")["TEST_DATA"]
+    test_data = study_report.study_env("cnndm")["TEST_DATA"]
 
     def add(name: str, precision: str = "bf16-mixed", speedup: float = 2.0, block_repeated_ngrams: int = 0) -> Path:
         outputs = folder / f"{name}.test.outputs.jsonl"
@@ -131,7 +131,7 @@ def test_an_edited_or_short_output_is_caught_by_its_rescore(rows):
 
 
 def test_absent_references_are_one_line_not_a_traceback(at_root, tmp_path, monkeypatch):
-    monkeypatch.setattr(headline, "QUALITY", tmp_path)
+    monkeypatch.setattr(study_report, "STUDIES", tmp_path)
     (tmp_path / "xsum").mkdir()
     (tmp_path / "xsum" / "study.env").write_text(
         f"TRAIN_BASE=benchmarks/quality/xsum/train_base.yaml\nTEST_DATA={tmp_path}/data/test.jsonl\n"

@@ -47,6 +47,7 @@ import yaml
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from benchmarks.common.study import study_config
+from benchmarks.quality.study_report import RESULTS, STUDIES, seedless, study_env
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.errors import SkiptrainError, UsageError
 from skiptrain.modeling.architectures import decoder_parts
@@ -297,16 +298,15 @@ def check_gpus(gpu: str, gpus: int) -> None:
         raise UsageError(f"--gpus {gpus} is invalid: allowed >= 1")
 
 
-STUDIES, RESULTS = Path("benchmarks/quality"), Path("benchmarks/results")
 UNMODELLED = {"qlora", "curriculum"}  # dequantisation and an annealed schedule are outside the cost model
 SCHEDULE_ONLY = '{"model": {"dense_loss_weight": 0.0}}'
 
 
 def row_configs(study: str, name: str) -> list[str]:
     """The configs benchmarks/quality/study.sh stacks for study row ``name`` (SCHEDULE+LEVER+..., seed dropped)."""
-    base = re.search(r"^TRAIN_BASE=(\S+)", (STUDIES / study / "study.env").read_text(), re.M).group(1)
-    schedule, *levers = re.sub(r"_s\d+$", "", name).split("+")
-    return [base, f"{STUDIES}/schedules/{schedule}.yaml", *(f"{STUDIES}/levers/{lever}.yaml" for lever in levers)]
+    schedule, *levers = seedless(name).split("+")
+    return [study_env(study)["TRAIN_BASE"], f"{STUDIES}/schedules/{schedule}.yaml",
+            *(f"{STUDIES}/levers/{lever}.yaml" for lever in levers)]
 
 
 def study_rows() -> dict[str, tuple[tuple, list[str], dict]]:
@@ -318,7 +318,7 @@ def study_rows() -> dict[str, tuple[tuple, list[str], dict]]:
                     for m in record.get("machines", [])}
         seed = re.search(r"_s\d+$", name)
         key = (path.parts[-3], seed and seed.group(), record["precision"], "; ".join(sorted(machines)) or None)
-        rows[name] = (key, re.sub(r"_s\d+$", "", name).split("+"), record)
+        rows[name] = (key, seedless(name).split("+"), record)
     return rows
 
 

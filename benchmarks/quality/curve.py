@@ -28,7 +28,6 @@ scored at two points of the axis or more (the others are named on stderr); rows 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Callable
@@ -108,7 +107,7 @@ def configuration_point(axis: Axis, name: str) -> tuple[str, Point] | None:
     schedule, ``NAME@SCHEDULE``, or budget levers the axis cannot place)."""
     if "@" in name:
         return None
-    schedule, *levers = re.sub(r"_s\d+$", "", name).split("+")
+    schedule, *levers = study_report.seedless(name).split("+")
     point = axis.point([lever for lever in levers if lever not in PRECISION_LEVERS])
     return (None if point is None else ("+".join([schedule, *point.levers]), point))
 
@@ -179,11 +178,7 @@ def read_curve(study: str, axis: Axis, without: list[str] = ()) -> Curve:
     folder = study_report.RESULTS / study / "study"
     if not folder.is_dir():
         raise SystemExit(f"no study {study!r}: {folder} is missing (studies: e2e, xsum, cnndm)")
-    scores: dict[str, dict[str, dict]] = {}
-    for path in folder.glob("*.json"):
-        name, _, split = path.name.removesuffix(".json").rpartition(".")
-        if split in study_report.SPLITS:
-            scores.setdefault(name, {})[split] = json.loads(path.read_text())
+    scores = study_report.read_scores(study)
     groups: dict[tuple[int, str, str], list[str]] = {}
     trained: dict[str, float] = {}
     counted: set[tuple[int, str]] = set()  # a five-epoch run's final row and an EPOCH=5 row are one model

@@ -34,12 +34,11 @@ import datasets
 from benchmarks.common.study import study_config, test_prompts
 from benchmarks.quality import study_report
 from benchmarks.quality.score import quality
-from benchmarks.quality.study_report import UNRECORDED, precision, seedless
+from benchmarks.quality.study_report import UNRECORDED, precision, seedless, study_env
 from skiptrain.core.output_dir import write_whole
 from skiptrain.modeling.generation import SamplingConfig
 
 DATASETS = ("cnndm", "xsum")
-QUALITY = Path("benchmarks/quality")
 HEADLINE = "summarisation_headline.json"
 OUTPUTS = ".test.outputs.jsonl"
 METRICS = ("rouge_l", "rouge_1", "rouge_2", "bleu")
@@ -51,14 +50,6 @@ an output edited so that its overlap with its references changes moves ROUGE by 
 
 def headline_file() -> Path:
     return study_report.RESULTS / HEADLINE
-
-
-def study_env(study: str) -> dict[str, str]:
-    """The study's ``TRAIN_BASE``, ``TEST_DATA`` and ``PREPARE``, read as ``study.sh`` reads them (sourced)."""
-    script = 'source "$1" && printf "%s\\0" "$TRAIN_BASE" "$TEST_DATA" "${PREPARE:-}"'
-    values = subprocess.run(["bash", "-c", script, "-", QUALITY / study / "study.env"], capture_output=True,
-                            text=True, check=True).stdout.split("\0")
-    return dict(zip(("TRAIN_BASE", "TEST_DATA", "PREPARE"), values, strict=False))
 
 
 def outputs_of(study: str, name: str) -> Path:

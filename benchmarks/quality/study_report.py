@@ -17,14 +17,33 @@ import argparse
 import csv
 import json
 import re
+import subprocess
 from pathlib import Path
 
 from skiptrain.core.output_dir import write_whole
 
+STUDIES = Path("benchmarks/quality")
 RESULTS = Path("benchmarks/results")
 RUNS = Path("runs")
 SPLITS = ("dev", "devmatch", "test")  # devmatch: the dev split with the test split's attribute-count histogram
 UNRECORDED = "unrecorded"
+
+
+def study_env(study: str) -> dict[str, str]:
+    """The study's ``TRAIN_BASE``, ``TEST_DATA`` and ``PREPARE``, read as ``study.sh`` reads them (sourced)."""
+    script = 'source "$1" && printf "%s\\0" "$TRAIN_BASE" "$TEST_DATA" "${PREPARE:-}"'
+    values = subprocess.run(["bash", "-c", script, "-", STUDIES / study / "study.env"], capture_output=True,
+                            text=True, check=True).stdout.split("\0")
+    return dict(zip(("TRAIN_BASE", "TEST_DATA", "PREPARE"), values, strict=False))
+
+
+def read_scores(study: str) -> dict[str, dict[str, dict]]:
+    """The study's scores (``benchmarks/results/STUDY/study/NAME.SPLIT.json``) by scored row and split."""
+    scores: dict[str, dict[str, dict]] = {}
+    for split in SPLITS:
+        for path in sorted((RESULTS / study / "study").glob(f"*.{split}.json")):
+            scores.setdefault(path.name.rsplit(".", 2)[0], {})[split] = json.loads(path.read_text())
+    return scores
 
 
 def training_summary(study: str, name: str) -> dict | None:
@@ -148,14 +167,8 @@ def main() -> None:
         return
     if not args.ceiling:
         parser.error("--ceiling is required for a table")
-    folder = RESULTS / args.study / "study"
-    scores: dict[str, dict[str, dict]] = {}
-    for split in SPLITS:
-        for path in sorted(folder.glob(f"*.{split}.json")):
-            name = path.name.rsplit(".", 2)[0]
-            named = levers(name)
-            if set(args.only) <= named and not set(args.without) & named:
-                scores.setdefault(name, {})[split] = json.loads(path.read_text())
+    scores = {name: splits for name, splits in read_scores(args.study).items()
+              if set(args.only) <= levers(name) and not set(args.without) & levers(name)}
     ceiling_precision, ceiling = ceiling_means(args.study, scores, args.ceiling, args.metric)
     print(f"| run | precision | dev {args.metric} | matched dev {args.metric} | matched dev share | test {args.metric} "
           "| test share of ceiling | test ROUGE-L | test ROUGE-1/2 | mean layers / generated token (test) "
