@@ -23,8 +23,9 @@ here=benchmarks/quality/$study
 # shellcheck source=/dev/null
 source "$here/study.env"
 seed=${SEED:-0}
-name=$(IFS=+; echo "$schedule${*:++$*}")
-[ "$seed" = 0 ] || name="${name}_s$seed"
+configuration=$(IFS=+; echo "$schedule${*:++$*}")
+seeded=""; [ "$seed" = 0 ] || seeded="_s$seed"
+name=$configuration$seeded
 run=runs/$study/$name
 mkdir -p "$run/levers"
 # Under a lock: rows started side by side would otherwise write the same data files at once.
@@ -67,7 +68,7 @@ checkpoint=$run/last.ckpt scored=$name
 if [ -n "${EPOCH:-}" ]; then
   checkpoint=$run/epochs/epoch$((EPOCH - 1)).ckpt  # Lightning counts epochs from 0
   [ -e "$checkpoint" ] || { echo "study.sh: EPOCH=$EPOCH: $checkpoint is missing (has the run trained that far?)" >&2; exit 2; }
-  scored=$(IFS=+; echo "$schedule${*:++$*}+epoch$EPOCH"); [ "$seed" = 0 ] || scored="${scored}_s$seed"
+  scored=$configuration+epoch$EPOCH$seeded
 fi
 [ "$decode" = "$schedule" ] && [ -z "${DECODING:-}" ] || scored="$scored@$decode${DECODING:++$DECODING}"
 decoding=(); [ -z "${DECODING:-}" ] || decoding=(--config "benchmarks/quality/decoding/${DECODING}.yaml")
