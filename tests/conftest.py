@@ -17,6 +17,17 @@ from skiptrain.core.schedules import Hierarchical, Ranked, SkipDecode  # noqa: E
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def torch_extensions_dir(tmp_path_factory) -> Iterator[Path]:
+    """DeepSpeed's CPU accelerator JIT-builds its ops (the shared-memory all-reduce, under a minute) with torch's
+    extension builder, whose lock file in the shared ``~/.cache/torch_extensions`` outlives a build that was killed,
+    and every later build then waits on it forever: each test session builds into its own directory."""
+    path = tmp_path_factory.mktemp("torch_extensions")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCH_EXTENSIONS_DIR", str(path))
+        yield path
+
+
 @pytest.fixture
 def lightning_log(caplog: pytest.LogCaptureFixture, monkeypatch) -> Iterator[pytest.LogCaptureFixture]:
     """Capture ``rank_zero_info`` messages once each: whether the lightning.pytorch logger propagates to the root
