@@ -12,6 +12,8 @@
 # - Lever rows: scored on dev only (SPLITS=dev); the test split waits until dev has chosen a configuration.
 # - E2E rows: the E2E recipe's headline configuration (one epoch of 4,000 pairs) retrained on the pairs the recipe
 #   itself draws, two seeds each of dense and flat 2x.
+# The skip rows that depend on dev's choice of lever (XSum at 2x, the second CNN/DailyMail seed at 2x, the 3x row)
+# are queued once the lever rows have been scored on dev; the dense rows do not wait for it.
 set -euo pipefail
 lane=${1:?usage: queue.sh LANE (0 or 1: the core it runs on)}
 five=(lora_all_r64 fp32 accumulate2 five_epochs)
@@ -36,22 +38,18 @@ e2e_row() {  # SEED SCHEDULE: the E2E recipe's configuration on the recipe's own
 case $lane in
   0)
     curve_row 0 cnndm dense
-    e2e_row 0 dense
-    e2e_row 1 dense
-    curve_row 0 xsum dense
     lever_row 0 cnndm flat2x joint  # also the lossless mode's draft on summaries (generate --speculative)
+    curve_row 0 xsum dense
     curve_row 1 cnndm dense
     curve_row 1 xsum dense
     ;;
   1)
     curve_row 0 cnndm flat2x
+    lever_row 0 cnndm flat2x distill_dense5  # its teacher is lane 0's first row (study.sh waits for it)
+    e2e_row 0 dense
+    e2e_row 1 dense
     e2e_row 0 flat2x
     e2e_row 1 flat2x
-    curve_row 0 xsum flat2x
-    lever_row 0 cnndm flat2x distill_dense5  # its teacher is lane 0's first row (study.sh waits for it)
-    curve_row 1 cnndm flat2x
-    curve_row 1 xsum flat2x
-    curve_row 0 cnndm flat3x  # the 3x row
     ;;
   *) echo "queue.sh: LANE=$lane is invalid: allowed 0 or 1" >&2; exit 2 ;;
 esac
