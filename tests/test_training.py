@@ -13,11 +13,13 @@ from helpers.cli_args import read_metrics, tiny_args
 from helpers.exports import EXPORT_CALLBACK, PROMPTS, left_padded
 from helpers.interrupt import SimulatedCrash
 
+from benchmarks.quality.study_report import seedless, study_env
 from skiptrain import load_exported, skip_forward
 from skiptrain.cli.app import main
 from skiptrain.cli.progress import ProgressBar
 from skiptrain.modeling.architectures import activation_checkpointing_on
 from skiptrain.modeling.loading import load_causal_lm, load_tokenizer
+from skiptrain.modeling.precision import weights_dtype
 from skiptrain.training.metrics import EvaluationMetrics, generation_scores
 from skiptrain.training.module import SkipLM
 
@@ -208,7 +210,35 @@ def test_paper_recipes_run_with_a_tiny_stand_in(recipe, tiny_model_dir, tmp_path
     assert torch.isfinite(cli.trainer.callback_metrics["val/loss_skip"])
 
 
-STUDY = ROOT / "benchmarks" / "quality" / "e2e"
+QUALITY = ROOT / "benchmarks" / "quality"
+
+
+def study_row(study: str, configuration: str, run: Path):
+    """What ``bash benchmarks/quality/study.sh STUDY SCHEDULE LEVER ...`` trains for the row named
+    ``SCHEDULE+LEVER+...``: the study's base, the schedule and each lever, with study.sh's substitutions in the levers
+    (``runs/STUDY/``: this study's runs; ``RUN/``: the run's folder)."""
+    schedule, *levers = configuration.split("+")
+    configs = ["--config", str(ROOT / study_env(study)["TRAIN_BASE"]),
+               "--config", str(QUALITY / "schedules" / f"{schedule}.yaml")]
+    run.mkdir(parents=True, exist_ok=True)
+    for lever in levers:
+        text = (QUALITY / "levers" / f"{lever}.yaml").read_text()
+        (run / f"{lever}.yaml").write_text(text.replace("runs/STUDY/", f"runs/{study}/").replace("RUN/", f"{run}/"))
+        configs += ["--config", str(run / f"{lever}.yaml")]
+    return _parse(configs)
+
+
+def training(cli) -> dict:
+    """What a fit trains: the module's settings but generation (evaluation only), with the dtype its weights load in
+    (``auto`` resolved under the trainer's precision), the data module's, the trainer's length, accumulation, clipping
+    and precision, and the seed."""
+    model = {k: v for k, v in cli.model.hparams.items() if k != "generation"}
+    model["dtype"] = weights_dtype(cli.trainer.precision, trains_all_weights=cli.model.lora is None,
+                                   override=model["dtype"])
+    trainer = {k: getattr(cli.trainer, k) for k in ("max_epochs", "max_steps", "accumulate_grad_batches",
+                                                      "gradient_clip_val", "precision")}
+    return {"model": model, "data": dict(cli.datamodule.hparams), "trainer": trainer,
+            "seed": cli.config["seed_everything"]}
 
 
 @pytest.mark.parametrize(("fragments", "schedule", "pairs", "levers"), [
@@ -219,37 +249,48 @@ STUDY = ROOT / "benchmarks" / "quality" / "e2e"
     (["smollm2-135m_e2e_2k.yaml", "smollm2-135m_e2e_3x.yaml"], "flat3x", 2000, []),
     (["smollm2-135m_e2e_8k.yaml"], "flat2x", 8000, []),
     (["smollm2-135m_e2e_8k.yaml", "smollm2-135m_e2e_3x.yaml"], "flat3x", 8000, []),
-    (["smollm2-135m_e2e_2k.yaml", "smollm2-135m_e2e_lossless.yaml"], "flat2x", 2000, ["joint.yaml"]),
+    (["smollm2-135m_e2e_2k.yaml", "smollm2-135m_e2e_lossless.yaml"], "flat2x", 2000, ["joint"]),
 ])
-def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragments, schedule, pairs, levers, tmp_path):
+def test_the_smollm2_recipe_trains_exactly_what_the_study_measured(fragments, schedule, pairs, levers, tmp_path,
+                                                                   monkeypatch):
     """The user recipe (a seeded subset of the hub's training pairs), read from the study's local files, resolves to
     the study row's training: the same configuration, on a subset of the same size. The lossless fragment is the
     study's joint-objective row, whose acceptance and exactness RESULTS reports."""
-    size_levers = []
-    if pairs != 2000:  # the study base trains 2,000 pairs; a lever names the larger subset (study.sh's substitution)
-        lever = tmp_path / f"train{pairs // 1000}k.yaml"
-        lever.write_text((STUDY.parent / "levers" / lever.name).read_text().replace("runs/STUDY/", "runs/e2e/"))
-        size_levers = ["--config", str(lever)]
+    monkeypatch.chdir(ROOT)  # study.env and its paths are the repository root's
+    size = [] if pairs == 2000 else [f"train{pairs // 1000}k"]  # the study base trains 2,000 pairs; a lever names more
+    study = study_row("e2e", "+".join([schedule, "lora_all_r64", *size, *levers]), tmp_path / "run")
+    size_levers = ["--config", str(tmp_path / "run" / f"{size[0]}.yaml")] if size else []
     recipe = _parse(["--config", str(ROOT / "recipes/smollm2-135m_e2e.yaml"),
-                     "--config", str(STUDY / "local_data.yaml"), *size_levers,
+                     "--config", str(QUALITY / "e2e" / "local_data.yaml"), *size_levers,
                      *[arg for name in fragments for arg in ("--config", str(ROOT / "recipes/fragments" / name))]])
-    study = _parse(["--config", str(STUDY / "train_base.yaml"),
-                    "--config", str(STUDY.parent / "schedules" / f"{schedule}.yaml"),
-                    "--config", str(STUDY.parent / "levers/lora_all_r64.yaml"), *size_levers,
-                    *[arg for name in levers for arg in ("--config", str(STUDY.parent / "levers" / name))]])
-
-    def training(cli) -> dict:
-        model = {k: v for k, v in cli.model.hparams.items() if k != "generation"}  # generation is evaluation only
-        trainer = {k: getattr(cli.trainer, k) for k in ("max_epochs", "max_steps", "accumulate_grad_batches",
-                                                          "gradient_clip_val", "precision")}
-        return {"model": model, "data": dict(cli.datamodule.hparams), "trainer": trainer,
-                "seed": cli.config["seed_everything"]}
 
     recipe_training, study_training = training(recipe), training(study)
     # the study trains all of a file of exactly `pairs` pairs, the recipe draws that many from the hub's 42,061
     assert recipe_training["data"].pop("max_train_samples") == pairs
     assert study_training["data"].pop("max_train_samples") is None
     assert Path(study_training["data"]["data_files"]["train"]).name == f"trainset_{pairs}.csv"
+    assert recipe_training == study_training
+
+
+@pytest.mark.parametrize("study", ["cnndm", "xsum"])
+def test_the_summarisation_recipes_train_the_headline_configuration(study, tmp_path, monkeypatch):
+    """``recipes/smollm2-135m_STUDY.yaml`` trains the skip configuration of the summarisation headline
+    (benchmarks/results/summarisation_headline.json): read from the study's own split
+    (benchmarks/quality/STUDY/local_data.yaml) it resolves to that row's training, and from the hub it draws as many
+    articles as the study's training split holds."""
+    monkeypatch.chdir(ROOT)  # study.env and its paths are the repository root's
+    names = json.loads((ROOT / "benchmarks/results/summarisation_headline.json").read_text())[study]["skip"]
+    configurations = {seedless(Path(name).name.removesuffix(".test.outputs.jsonl")) for name in names}
+    assert len(configurations) == 1, f"the headline's seeds train {configurations}"
+    study_training = training(study_row(study, configurations.pop(), tmp_path / "run"))
+    recipe_training = training(_parse(["--config", str(ROOT / f"recipes/smollm2-135m_{study}.yaml"),
+                                       "--config", str(QUALITY / study / "local_data.yaml")]))
+
+    start, end = map(int, re.search(r" train=(\d+):(\d+)", study_env(study)["PREPARE"]).groups())
+    assert recipe_training["data"].pop("max_train_samples") == end - start  # all of the study's file, in its order
+    assert study_training["data"].pop("max_train_samples") is None
+    for side in (recipe_training, study_training):  # evaluation only: how many validation articles are scored
+        side["data"].pop("max_eval_samples")
     assert recipe_training == study_training
 
 
