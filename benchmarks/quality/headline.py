@@ -108,22 +108,22 @@ def headline_entry(study: str, skip: list[str], dense: list[str]) -> dict:
             "speedup": round(speedup, 2), "precision": precisions[skip[0]], "decoding": decodings[skip[0]][0]}
 
 
-def split_references(study: str) -> list[list[str]]:
-    """The references of the study's test split, read as ``score.py`` reads them; the split is written by the
-    study's ``PREPARE`` first where it is missing. A one-line refusal where its data is absent."""
+def split_references(study: str, split: str = "test") -> list[list[str]]:
+    """The references of the study's test (or dev) split, read as ``score.py`` reads them; the split is written by
+    the study's ``PREPARE`` first where it is missing. A one-line refusal where its data is absent."""
     env = study_env(study)
-    test_data = Path(env["TEST_DATA"])
-    if not test_data.is_file() and env["PREPARE"]:
+    data = Path(env[f"{split.upper()}_DATA"])
+    if not data.is_file() and env["PREPARE"]:
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # PREPARE runs `python`
         prepared = subprocess.run(["bash", "-c", env["PREPARE"]], capture_output=True, text=True,
                                   env={**os.environ, "PATH": path})
         if prepared.returncode:
             reason = (prepared.stderr.strip().splitlines() or ["no message"])[-1]
-            raise SystemExit(f"{study}: the test split's references are absent: {test_data} is missing and the "
+            raise SystemExit(f"{study}: the {split} split's references are absent: {data} is missing and the "
                              f"study's PREPARE could not write it ({reason})")
-    if not test_data.is_file():
-        raise SystemExit(f"{study}: the test split's references are absent: {test_data} is missing")
-    return test_prompts(study_config([env["TRAIN_BASE"]], str(test_data)))[2]
+    if not data.is_file():
+        raise SystemExit(f"{study}: the {split} split's references are absent: {data} is missing")
+    return test_prompts(study_config([env["TRAIN_BASE"]], str(data)))[2]
 
 
 def rescore(outputs: Path, references: list[list[str]]) -> dict[str, float]:

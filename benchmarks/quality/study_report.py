@@ -30,11 +30,12 @@ UNRECORDED = "unrecorded"
 
 
 def study_env(study: str) -> dict[str, str]:
-    """The study's ``TRAIN_BASE``, ``TEST_DATA`` and ``PREPARE``, read as ``study.sh`` reads them (sourced)."""
-    script = 'source "$1" && printf "%s\\0" "$TRAIN_BASE" "$TEST_DATA" "${PREPARE:-}"'
+    """The study's ``TRAIN_BASE``, ``DEV_DATA``, ``TEST_DATA`` and ``PREPARE``, read as ``study.sh`` reads them
+    (sourced)."""
+    script = 'source "$1" && printf "%s\\0" "$TRAIN_BASE" "$DEV_DATA" "$TEST_DATA" "${PREPARE:-}"'
     values = subprocess.run(["bash", "-c", script, "-", STUDIES / study / "study.env"], capture_output=True,
                             text=True, check=True).stdout.split("\0")
-    return dict(zip(("TRAIN_BASE", "TEST_DATA", "PREPARE"), values, strict=False))
+    return dict(zip(("TRAIN_BASE", "DEV_DATA", "TEST_DATA", "PREPARE"), values, strict=False))
 
 
 def read_scores(study: str) -> dict[str, dict[str, dict]]:
