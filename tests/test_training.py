@@ -241,6 +241,23 @@ def training(cli) -> dict:
             "seed": cli.config["seed_everything"]}
 
 
+@pytest.mark.parametrize("lever", sorted(path.stem for path in (QUALITY / "levers").glob("*.yaml")))
+def test_every_study_lever_parses_on_a_study_base(lever, tmp_path, monkeypatch, capsys):
+    """A queued row fails hours into a lane if its lever does not parse: each one parses as study.sh stacks it, and
+    one that starts from another run (study.sh trains it first) is refused only for that run's missing checkpoint."""
+    monkeypatch.chdir(ROOT)
+    study = "e2e" if lever.startswith(("train", "sample")) else "cnndm"  # the E2E data levers name E2E files
+    needed = [path.replace("runs/STUDY/", f"runs/{study}/") for path in
+              re.findall(r"runs/STUDY/[^/ ]+/last\.ckpt", (QUALITY / "levers" / f"{lever}.yaml").read_text())]
+    if all(Path(path).exists() for path in needed):  # where this checkout has trained them, they load
+        assert study_row(study, f"flat2x+{lever}", tmp_path / "run").model.schedule_family is not None
+        return
+    with pytest.raises(SystemExit):
+        study_row(study, f"flat2x+{lever}", tmp_path / "run")
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and any(f"'{path}' is invalid" in error[0] for path in needed)
+
+
 @pytest.mark.parametrize(("fragments", "schedule", "pairs", "levers"), [
     ([], "flat2x", 4000, []),
     (["smollm2-135m_e2e_2x.yaml"], "flat2x", 4000, []),
