@@ -13,7 +13,7 @@ from helpers.cli_args import read_metrics, tiny_args
 from helpers.exports import EXPORT_CALLBACK, PROMPTS, left_padded
 from helpers.interrupt import SimulatedCrash
 
-from benchmarks.quality.study_report import seedless, study_env
+from benchmarks.quality.study_report import row_configs, seedless, study_env
 from skiptrain import load_exported, skip_forward
 from skiptrain.cli.app import main
 from skiptrain.cli.progress import ProgressBar
@@ -217,14 +217,13 @@ def study_row(study: str, configuration: str, run: Path):
     """What ``bash benchmarks/quality/study.sh STUDY SCHEDULE LEVER ...`` trains for the row named
     ``SCHEDULE+LEVER+...``: the study's base, the schedule and each lever, with study.sh's substitutions in the levers
     (``runs/STUDY/``: this study's runs; ``RUN/``: the run's folder)."""
-    schedule, *levers = configuration.split("+")
-    configs = ["--config", str(ROOT / study_env(study)["TRAIN_BASE"]),
-               "--config", str(QUALITY / "schedules" / f"{schedule}.yaml")]
+    base, schedule, *levers = row_configs(study, configuration)
+    configs = ["--config", str(ROOT / base), "--config", str(ROOT / schedule)]
     run.mkdir(parents=True, exist_ok=True)
-    for lever in levers:
-        text = (QUALITY / "levers" / f"{lever}.yaml").read_text()
-        (run / f"{lever}.yaml").write_text(text.replace("runs/STUDY/", f"runs/{study}/").replace("RUN/", f"{run}/"))
-        configs += ["--config", str(run / f"{lever}.yaml")]
+    for lever in map(Path, levers):
+        text = (ROOT / lever).read_text()
+        (run / lever.name).write_text(text.replace("runs/STUDY/", f"runs/{study}/").replace("RUN/", f"{run}/"))
+        configs += ["--config", str(run / lever.name)]
     return _parse(configs)
 
 

@@ -47,7 +47,7 @@ import yaml
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from benchmarks.common.study import study_config
-from benchmarks.quality.study_report import RESULTS, STUDIES, seedless, study_env
+from benchmarks.quality.study_report import RESULTS, row_configs, seedless
 from skiptrain.core.schedules import Dense, SkipSchedule
 from skiptrain.errors import SkiptrainError, UsageError
 from skiptrain.modeling.architectures import decoder_parts
@@ -300,13 +300,6 @@ def check_gpus(gpu: str, gpus: int) -> None:
 
 UNMODELLED = {"qlora", "curriculum"}  # dequantisation and an annealed schedule are outside the cost model
 SCHEDULE_ONLY = '{"model": {"dense_loss_weight": 0.0}}'
-
-
-def row_configs(study: str, name: str) -> list[str]:
-    """The configs benchmarks/quality/study.sh stacks for study row ``name`` (SCHEDULE+LEVER+..., seed dropped)."""
-    schedule, *levers = seedless(name).split("+")
-    return [study_env(study)["TRAIN_BASE"], f"{STUDIES}/schedules/{schedule}.yaml",
-            *(f"{STUDIES}/levers/{lever}.yaml" for lever in levers)]
 
 
 def study_rows() -> dict[str, tuple[tuple, list[str], dict]]:

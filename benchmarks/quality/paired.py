@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import datasets
 import torch
-from torchmetrics.text.rouge import ROUGEScore
+from torchmetrics.functional.text.rouge import rouge_score
 
 from benchmarks.quality import study_report
 from benchmarks.quality.headline import split_references
@@ -47,9 +47,8 @@ def article_scores(predictions: list[str], references: list[list[str]], metric: 
     """Each prediction's F-measure against its references (the best of them), the terms ``score.py``'s corpus
     score averages."""
     key = METRICS[metric]
-    rouge = ROUGEScore(rouge_keys=(key,))
-    return torch.tensor([rouge([p], [r])[f"{key}_fmeasure"].item() for p, r in zip(predictions, references,
-                                                                                      strict=True)])
+    return torch.tensor([rouge_score([p], [r], rouge_keys=key)[f"{key}_fmeasure"].item()
+                         for p, r in zip(predictions, references, strict=True)])
 
 
 def paired_share(skip: torch.Tensor, dense: torch.Tensor, resamples: int = 10_000, seed: int = 0) -> PairedShare:

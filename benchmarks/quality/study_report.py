@@ -38,6 +38,14 @@ def study_env(study: str) -> dict[str, str]:
     return dict(zip(("TRAIN_BASE", "DEV_DATA", "TEST_DATA", "PREPARE"), values, strict=False))
 
 
+def row_configs(study: str, name: str) -> list[str]:
+    """The configs benchmarks/quality/study.sh stacks for study row ``name`` (SCHEDULE+LEVER+..., seed dropped): the
+    study's base, the schedule and each lever as committed (study.sh then substitutes the run paths in the levers)."""
+    schedule, *levers = seedless(name).split("+")
+    return [study_env(study)["TRAIN_BASE"], f"{STUDIES}/schedules/{schedule}.yaml",
+            *(f"{STUDIES}/levers/{lever}.yaml" for lever in levers)]
+
+
 def read_scores(study: str) -> dict[str, dict[str, dict]]:
     """The study's scores (``benchmarks/results/STUDY/study/NAME.SPLIT.json``) by scored row and split."""
     scores: dict[str, dict[str, dict]] = {}
