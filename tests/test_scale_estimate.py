@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import pytest
 from transformers import AutoModelForCausalLM
 
+from benchmarks.machine import recipe_headers
 from benchmarks.machine import scale_estimate as se
 from skiptrain.training.lora import with_adapters
 
@@ -114,3 +117,24 @@ def test_a_bad_option_is_one_line(args, named, capsys):
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and named in err and err.startswith("scale_estimate: error:")
+
+
+def test_every_large_recipe_header_quotes_its_expected_cost():
+    """The OPT and Llama recipes' headers carry the cost model's numbers for the recipe as it now stands
+    (python -m benchmarks.machine.recipe_headers --write rewrites them)."""
+    assert [r.name for r in recipe_headers.large_recipes()] == [
+        "llama3.2-1b_xsum.yaml", "opt1.3b_cnndm.yaml", "opt1.3b_e2e.yaml", "opt1.3b_reddit_tldr.yaml",
+        "opt6.7b_cnndm.yaml", "opt6.7b_e2e.yaml", "opt6.7b_reddit_tldr.yaml"]
+    assert recipe_headers.stale(recipe_headers.large_recipes()) == []
+
+
+def test_a_recipe_changed_without_its_header_is_stale_and_rewritten_in_place(tmp_path):
+    recipe = tmp_path / "opt6.7b_cnndm.yaml"
+    recipe.write_text(Path("recipes/opt6.7b_cnndm.yaml").read_text().replace("max_epochs: 3", "max_epochs: 1"))
+    assert recipe_headers.stale([recipe]) == [recipe]
+    lines = recipe_headers.expected_lines(recipe)
+    assert "as written: 2 x H100 with recipes/strategies/deepspeed_zero3.yaml" in lines[2]  # 1 x H100 cannot hold it
+    epoch, run = re.search(r"GB a GPU, (.+) an epoch, (.+) in all$", lines[2]).groups()
+    assert epoch == run  # max_epochs: 1
+    recipe.write_text(recipe_headers.with_expected(recipe.read_text(), lines))
+    assert recipe_headers.stale([recipe]) == [] and recipe.read_text().count(recipe_headers.MARK) == 1

@@ -245,20 +245,49 @@ def gpu_memory(shape: Shape, recipe: Recipe, gpus: int) -> dict[str, float]:
     return parts
 
 
-def estimate(recipe: Recipe, gpu: str, gpus: int, examples: int | None = None) -> str:
-    """The Markdown block for one recipe on ``gpus`` GPUs of kind ``gpu``."""
+@dataclass(frozen=True)
+class Cost:
+    """One recipe's expected cost on ``gpus`` GPUs of kind ``gpu``."""
+    recipe: Recipe
+    gpu: str
+    gpus: int
+    shape: Shape
+    flops: dict[str, float]  # per optimizer step and GPU, by part
+    memory: dict[str, float]  # bytes per GPU, by part
+    size: int  # training examples an epoch
+    per_step: int  # examples an optimizer step, all GPUs
+    steps: int  # optimizer steps an epoch
+    run: int  # optimizer steps in all
+    hours: list[float]  # an epoch's wall hours, at the higher then the lower utilisation
+
+    @property
+    def fits(self) -> bool:
+        return sum(self.memory.values()) <= 0.9e9 * GPUS[self.gpu][2]
+
+    @property
+    def run_hours(self) -> list[float]:
+        return [h * self.run / self.steps for h in self.hours]
+
+
+def cost(recipe: Recipe, gpu: str, gpus: int, examples: int | None = None) -> Cost:
     check_gpus(gpu, gpus)
-    label, peak, capacity = GPUS[gpu]
     size = min(examples or TRAIN_EXAMPLES.get(recipe.task) or math.inf, recipe.max_train_samples or math.inf)
     if size == math.inf:
         raise UsageError(f"task={recipe.task!r} has no known training-set size: give --train-examples N (known: "
                          f"{', '.join(TRAIN_EXAMPLES)}, or a recipe's data.max_train_samples)")
     shape = model_shape(recipe.model, recipe.lora)
-    flops, memory = step_flops(shape, recipe), gpu_memory(shape, recipe, gpus)
-    per_step, columns = recipe.batch * recipe.accumulate * gpus, recipe.prompt + recipe.target
+    flops, per_step = step_flops(shape, recipe), recipe.batch * recipe.accumulate * gpus
     steps = math.ceil(size / per_step)
     run = min(steps * recipe.epochs, recipe.max_steps) if recipe.max_steps > 0 else steps * recipe.epochs
-    hours = [sum(flops.values()) * steps / (peak * u) / 3600 for u in reversed(UTILISATION)]
+    hours = [sum(flops.values()) * steps / (GPUS[gpu][1] * u) / 3600 for u in reversed(UTILISATION)]
+    return Cost(recipe, gpu, gpus, shape, flops, gpu_memory(shape, recipe, gpus), size, per_step, steps, run, hours)
+
+
+def estimate(recipe: Recipe, gpu: str, gpus: int, examples: int | None = None) -> str:
+    """The Markdown block for one recipe on ``gpus`` GPUs of kind ``gpu``."""
+    c = cost(recipe, gpu, gpus, examples)
+    label, peak, capacity = GPUS[gpu]
+    shape, flops, memory, columns = c.shape, c.flops, c.memory, recipe.prompt + recipe.target
     total, source = sum(memory.values()), HUB_CONFIGS.get(recipe.model, ("",))[0]
     trained = "every weight (full fine-tuning)" if recipe.lora is None else \
         f"LoRA r={recipe.lora['r']} on {recipe.lora.get('target_modules') or 'the attention projections'}"
@@ -272,18 +301,17 @@ def estimate(recipe: Recipe, gpu: str, gpus: int, examples: int | None = None) -
         f"| trained | {shape.trainable:,}: {trained} |",
         f"| schedule | {recipe.schedule.family}: {recipe.schedule.mean_layers_per_token(recipe.target):.1f} of "
         f"{recipe.schedule.num_layers} layers per target column, on average over {recipe.target} |",
-        f"| tokens per optimizer step | <= {per_step:,} x {columns:,} = {per_step * columns:,} (every row at full "
+        f"| tokens per optimizer step | <= {c.per_step:,} x {columns:,} = {c.per_step * columns:,} (every row at full "
         "truncation length: an upper bound) |",
         f"| FLOPs per optimizer step, per GPU | {sum(flops.values()) / 1e12:,.4g} TFLOP ("
         + ", ".join(f"{k} {v / 1e12:,.4g}" for k, v in flops.items()) + ") |",
-        f"| steps per epoch | {steps:,} ({size:,} examples / {per_step} per step) |",
-        f"| time per epoch | {span(hours)}: bf16 dense peak {peak / 1e12:.0f} TFLOPS per GPU, utilisation "
+        f"| steps per epoch | {c.steps:,} ({c.size:,} examples / {c.per_step} per step) |",
+        f"| time per epoch | {span(c.hours)}: bf16 dense peak {peak / 1e12:.0f} TFLOPS per GPU, utilisation "
         f"{UTILISATION[0]}-{UTILISATION[1]} assumed |",
-        f"| whole run | {run:,} steps: {span([h * run / steps for h in hours])}, "
-        f"{span([gpus * h * run / steps for h in hours])} of GPU time |",
+        f"| whole run | {c.run:,} steps: {span(c.run_hours)}, {span([gpus * h for h in c.run_hours])} of GPU time |",
         f"| memory per GPU | {total / 1e9:.1f} GB of {capacity} ("
         + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in memory.items() if v >= 0.05e9) + ")"
-        + (": does not fit" if total > 0.9e9 * capacity else "") + " |", ""])
+        + ("" if c.fits else ": does not fit") + " |", ""])
 
 
 def span(hours: list[float]) -> str:
