@@ -23,8 +23,10 @@
 # its dev ROUGE-L is higher and its dev cross entropy under the schedule (val/loss_skip: thousands of target tokens,
 # far less noisy than 40 articles' ROUGE-L) is lower; where the two disagree, the lever wins only if its paired
 # interval against plain flat 2x (python -m benchmarks.quality.paired cnndm --skip LEVER_ROW --dense PLAIN_ROW) lies
-# above 100%, else the row with fewer levers stays. The rows that follow that choice (XSum, the second seeds, the 3x
-# row) are queued once it is made.
+# above 100%, else the row with fewer levers stays. Among the rows left, the headline is the one with the highest dev
+# share of its ceiling, a tie going to the shorter (this last step written down, still before any length or lever row
+# was scored, with benchmarks/quality/choose.py, which applies the whole rule: python -m benchmarks.quality.choose
+# cnndm). The rows that follow that choice (XSum, the second seeds, the 3x row) are queued once it is made.
 # - Lossless on summaries: exactness (outputs differing from full depth), acceptance and tokens per verification of
 #   generate --speculative K (K = 2 and 4) on the CNN/DailyMail test split, with the joint row as the draft.
 # - E2E rows: the E2E recipe's headline configuration (one epoch of 4,000 pairs) retrained on the pairs the recipe
