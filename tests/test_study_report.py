@@ -219,23 +219,28 @@ def test_the_seed_table_says_when_a_seed_was_not_scored_on_the_test_split(result
     assert [cell.strip() for cell in seed_row.strip("|").split("|")][2:5] == ["3 (2 on test)", "-", "61.0 (60.0-62.0)"]
 
 
-def test_an_epoch_row_is_the_run_it_was_kept_by_and_a_run_records_its_peak_memory(results, table, tmp_path):
+def test_an_epoch_row_is_its_run_s_and_a_run_records_its_peak_memory_and_cpu_time(results, table, tmp_path):
     """study.sh EPOCH=E scores RUN+epochE[_sN]: its precision (and so its share) is its run's; GNU time writes the
-    peak resident memory of each attempt, and the record keeps the largest."""
+    peak resident memory and the CPU seconds of each attempt (and a note where one failed), and the record keeps the
+    largest peak and the CPU seconds' sum."""
     assert study_report.trained_run("flat2x+five_epochs+epoch3_s1@flat2x+no_repeat3") == "flat2x+five_epochs_s1"
     assert study_report.trained_run("flat2x+five_epochs+epoch3") == "flat2x+five_epochs"
     assert study_report.trained_run("flat2x+epoch3x_s1") == "flat2x+epoch3x_s1"  # a lever that merely starts so
     results("dense+five_epochs+epoch1", 0.40, "32-true")
     results("flat2x+five_epochs+epoch1", 0.30, "bf16-mixed")
     stopped_and_resumed_run(tmp_path / "runs/e2e/flat2x+five_epochs", stopped_for=300, last_attempt=1500)
-    (tmp_path / "runs/e2e/flat2x+five_epochs/max_rss_kb").write_text("7340032\n7864320\n")
+    (tmp_path / "runs/e2e/flat2x+five_epochs/max_rss_kb").write_text(
+        "7340032\nCommand exited with non-zero status 1\n7864320\n")
+    (tmp_path / "runs/e2e/flat2x+five_epochs/cpu_seconds").write_text(
+        "290.5 9.25\nCommand exited with non-zero status 1\n1480.25 10.5\n")
     (tmp_path / "runs/e2e/dense+five_epochs").mkdir(parents=True)
     (tmp_path / "runs/e2e/dense+five_epochs/wall_seconds").write_text("60\n")
     (tmp_path / "runs/e2e/dense+five_epochs/trained_on.json").write_text(json.dumps({"precision": "bf16-mixed"}))
     (tmp_path / "runs/e2e/dense+five_epochs/lightning_logs/version_0").mkdir(parents=True)
     (tmp_path / "runs/e2e/dense+five_epochs/lightning_logs/version_0/metrics.csv").write_text("step\n0\n")
-    assert study_report.training_summary("e2e", "flat2x+five_epochs")["max_rss_gib"] == 7.5
-    assert "max_rss_gib" not in study_report.training_summary("e2e", "dense+five_epochs")
+    summary = study_report.training_summary("e2e", "flat2x+five_epochs")
+    assert (summary["max_rss_gib"], summary["cpu_seconds"], summary["cpu_seconds_attempts"]) == (7.5, 1790, 2)
+    assert not {"max_rss_gib", "cpu_seconds"} & set(study_report.training_summary("e2e", "dense+five_epochs"))
     rows = {row[0]: row for row in table(study_report, "e2e", "--ceiling", "dense+five_epochs+epoch1")}
     assert rows["flat2x+five_epochs+epoch1"][1] == "32-true"  # its run's (the test's results() stub is not read)
 

@@ -6,8 +6,8 @@
 # SCHEDULE names benchmarks/quality/schedules/SCHEDULE.yaml (shared by every study), each LEVER
 # benchmarks/quality/levers/LEVER.yaml (runs/STUDY/ in a lever means this study's runs, RUN/ this run's folder),
 # stacked on the study's base config. The run is named SCHEDULE+LEVER+... (plus _sN for SEED=N, default 0); its
-# checkpoint lands in runs/STUDY/NAME/last.ckpt, its wall time in wall_seconds, its peak memory in max_rss_kb (one line
-# an attempt), its precision and machine in trained_on.json
+# checkpoint lands in runs/STUDY/NAME/last.ckpt, its wall time in wall_seconds, its peak memory in max_rss_kb and its user
+# and system CPU seconds in cpu_seconds (one line an attempt that ended), its precision and machine in trained_on.json
 # (benchmarks/quality/trained_on.py), and all three, with its final validation losses, in
 # benchmarks/results/STUDY/study/NAME.train.json once it has trained. A lever that starts from another run
 # (runs/STUDY/OTHER/last.ckpt) trains OTHER first when it is missing. Then the model is scored
@@ -52,7 +52,7 @@ if [ -z "${EPOCH:-}" ] && [ ! -e "$run/last.ckpt" ]; then
   # What this attempt trains in and on ($run/trained_on.json); a run never resumes in another precision (exit 2).
   taskset -c "${CORE:-1}" python -m benchmarks.quality.trained_on "$run" "${configs[@]}"
   started=$(date +%s)
-  /usr/bin/time --append -f %M -o "$run/max_rss_kb" \
+  /usr/bin/time --append -f %M -o "$run/max_rss_kb" /usr/bin/time --append -f "%U %S" -o "$run/cpu_seconds" \
     taskset -c "${CORE:-1}" python -m skiptrain fit "${configs[@]}" --seed_everything "$seed" \
     --trainer.default_root_dir "$run" --trainer.logger CSVLogger --trainer.logger.save_dir "$run" \
     ${resume:+--ckpt_path "$resume"}

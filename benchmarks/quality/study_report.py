@@ -72,14 +72,22 @@ def training_summary(study: str, name: str) -> dict | None:
     final = validated[-1] if validated else {}
     steps = max(int(r["step"]) for r in rows) + 1
     wall_seconds = int((run / "wall_seconds").read_text())
-    peaks = run / "max_rss_kb"  # GNU time's peak resident memory of each attempt, in KiB (study.sh)
-    memory = ({"max_rss_gib": round(max(map(int, peaks.read_text().split())) / 2**20, 1)}
-              if peaks.is_file() and peaks.read_text().strip() else {})
-    return {"wall_seconds": wall_seconds, "steps": steps, **memory,
+    # GNU time's lines of each attempt that ended (study.sh): peak resident KiB; user and system CPU seconds
+    peaks, cpu = (time_lines(run / name, fields) for name, fields in (("max_rss_kb", 1), ("cpu_seconds", 2)))
+    memory = {"max_rss_gib": round(max(p[0] for p in peaks) / 2**20, 1)} if peaks else {}
+    cpu_time = {"cpu_seconds": round(sum(map(sum, cpu))), "cpu_seconds_attempts": len(cpu)} if cpu else {}
+    return {"wall_seconds": wall_seconds, "steps": steps, **memory, **cpu_time,
             "attempt_seconds": [*map(stopped_attempt_seconds, [log.parent for log in logs[:-1]]), wall_seconds],
             "val_loss_schedule": float(final["val/loss_skip"]) if final else None,
             "val_loss_dense": float(final["val/loss_dense"]) if final else None,
             **(json.loads(trained_on.read_text()) if trained_on.is_file() else {})}
+
+
+def time_lines(path: Path, fields: int) -> list[list[float]]:
+    """The numeric lines of a file GNU time appends to (its notes, e.g. a non-zero exit status, left out)."""
+    lines = [line.split() for line in path.read_text().splitlines()] if path.is_file() else []
+    return [[float(x) for x in line] for line in lines
+            if len(line) == fields and all(x.replace(".", "", 1).isdigit() for x in line)]
 
 
 def record_training(study: str, name: str) -> dict | None:
