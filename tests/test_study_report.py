@@ -325,3 +325,12 @@ def test_a_lever_set_forms_its_own_line_and_its_ceiling_leaves_out_only_the_leve
     assert rows["3", "flat2x+lora_all_r64+accumulate2+five_epochs"][5] == "90%"
     assert ("3", line) not in rows
     assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_plot_names_every_line_though_a_configuration_is_scored_on_dev_alone(results, tmp_path):
+    five_epoch_run(results, "dense", {1: 0.20, 3: 0.30, 5: 0.40})
+    five_epoch_run(results, "flat2x", {1: 0.18, 3: 0.27, 5: 0.36})
+    for path in (study_report.RESULTS / "e2e/study").glob("flat2x+*.test.json"):
+        path.unlink()  # flat 2x waits for its test scores: on the dev panels alone
+    figure = curve.plot(curve.read_curve("e2e", curve.AXES["epochs"], []), "rouge_l", str(tmp_path / "epochs.png"))
+    assert [text.get_text() for text in figure.legends[0].get_texts()] == ["dense, 32-true", "flat2x, 32-true"]

@@ -247,10 +247,10 @@ def print_table(curve: Curve, metric: str) -> None:
         print(f"not on the curve (scored at one point of it only): {', '.join(curve.left_out)}", file=sys.stderr)
 
 
-def plot(curve: Curve, metric: str, path: str) -> None:
+def plot(curve: Curve, metric: str, path: str):
     """Each skip configuration's share of its same-budget, same-precision ceiling along the axis (top row), and
     every configuration's own ``metric``, dense included, to see which gained more (bottom row); a panel per split,
-    a colour per configuration, a dash per precision; a hollow marker is a one-seed point."""
+    a colour per configuration, a dash per precision; a hollow marker is a one-seed point. Returns the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,11 +292,16 @@ def plot(curve: Curve, metric: str, path: str) -> None:
             panel.grid(alpha=0.3)
     panels[0][0].set_ylabel(f"{metric} share of the same-budget dense ceiling (%)")
     panels[1][0].set_ylabel(f"{metric} (mean of the seeds)")
-    handles, labels = panels[1][0].get_legend_handles_labels()
+    legend = {}  # label -> handle, from both splits: a configuration may be scored on dev alone
+    for panel in panels[1]:
+        for handle, label in zip(*panel.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    handles, labels = list(legend.values()), list(legend)
     figure.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8, title_fontsize=8,
                   title="filled marker: two or more seeds" + (f"; every line: {'+'.join(sorted(common))}" if common
                                                                else ""))
     figure.savefig(path, dpi=120)
+    return figure
 
 
 def main() -> None:
