@@ -16,7 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
-from benchmarks.machine.scale_estimate import GPUS, UTILISATION, Cost, cost, read_recipe, span
+from benchmarks.machine.scale_estimate import GPUS, UTILISATION, Cost, Recipe, cost, read_recipe, span
 
 RECIPES = Path("recipes")
 GPU, SHARDED = "h100", (2, 4, 8)
@@ -28,9 +28,10 @@ def large_recipes() -> list[Path]:
     return sorted(p for p in RECIPES.glob("*.yaml") if not p.name.startswith(("smollm2", "quickstart")))
 
 
-def fewest_gpus(configs: list[str]) -> Cost | None:
-    """The cost on the fewest H100s that hold the run (``None``: not even 8 under ZeRO-3)."""
-    one = cost(read_recipe(configs), GPU, 1)
+def fewest_gpus(configs: list[str], recipe: Recipe) -> Cost | None:
+    """The cost of ``recipe`` (``configs`` as parsed) on the fewest H100s that hold the run (``None``: not even 8
+    under ZeRO-3)."""
+    one = cost(recipe, GPU, 1)
     if one.fits:
         return one
     sharded = read_recipe([*configs, ZERO3])
@@ -43,11 +44,12 @@ def expected_lines(recipe: Path) -> list[str]:
     lines = [f"{MARK}: this project trains SmolLM2-135M on CPUs (benchmarks/RESULTS.md). Expected on {label}",
              f"# ({capacity} GB) by benchmarks/machine/scale_estimate.py, at {UTILISATION[0]:.0%}-{UTILISATION[1]:.0%} "
              "of the bf16 peak, memory before allocator slack:"]
-    variants = [("as written", [str(recipe)])]
-    if read_recipe([str(recipe)]).lora is None:
-        variants.append((f"with {LORA}", [str(recipe), LORA]))
-    for what, configs in variants:
-        c = fewest_gpus(configs)
+    written = read_recipe([str(recipe)])
+    variants = [("as written", [str(recipe)], written)]
+    if written.lora is None:
+        variants.append((f"with {LORA}", [str(recipe), LORA], read_recipe([str(recipe), LORA])))
+    for what, configs, parsed in variants:
+        c = fewest_gpus(configs, parsed)
         if c is None:
             lines.append(f"#   {what}: more than {SHARDED[-1]} x H100 even under ZeRO-3")
             continue
@@ -66,8 +68,13 @@ def with_expected(text: str, lines: list[str]) -> str:
     return "\n".join([*header[:start], *lines, *header[end:]]) + "\n"
 
 
+def rewritten(recipe: Path) -> str:
+    """``recipe``'s text with its expected-cost lines as they should now read."""
+    return with_expected(recipe.read_text(), expected_lines(recipe))
+
+
 def stale(recipes: list[Path]) -> list[Path]:
-    return [r for r in recipes if with_expected(r.read_text(), expected_lines(r)) != r.read_text()]
+    return [r for r in recipes if rewritten(r) != r.read_text()]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,12 +83,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     for name in ("lightning.pytorch", "lightning.fabric", "skiptrain"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    old = stale(large_recipes())
-    for recipe in old:
-        if args.write:
-            recipe.write_text(with_expected(recipe.read_text(), expected_lines(recipe)))
-        print(f"{recipe}: {'rewritten' if args.write else 'stale'}")
-    if old and not args.write:
+    found = False
+    for recipe in large_recipes():
+        text = rewritten(recipe)
+        if text != recipe.read_text():
+            found = True
+            if args.write:
+                recipe.write_text(text)
+            print(f"{recipe}: {'rewritten' if args.write else 'stale'}")
+    if found and not args.write:
         sys.exit(1)
 
 
